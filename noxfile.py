@@ -1,0 +1,109 @@
+"""Developer and CI sessions for the rstar2 monorepo.
+
+``uv run nox`` runs the default sessions (every package's tests, lint, typecheck, wheels);
+``uv run nox -l`` lists them all; ``uv run nox -s bench`` runs the benchmarks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PACKAGES = [
+    "rstar2-sandbox",
+    "rstar2-algo",
+    "rstar2-data",
+    "rstar2-scheduler",
+    "rstar2-eval",
+    "rstar2-train",
+]
+DIST = ROOT / "dist"
+
+nox.options.default_venv_backend = "uv"
+# Locally, reuse session environments (uv sync refreshes them); a CI run always starts fresh.
+nox.options.reuse_existing_virtualenvs = not os.environ.get("CI")
+nox.options.sessions = ["tests", "lint", "typecheck", "wheels"]
+
+
+def sync(session: nox.Session, *args: str) -> None:
+    """Install from the committed lock file into this session's own environment."""
+    session.run_install(
+        "uv",
+        "sync",
+        "--locked",
+        "--no-default-groups",
+        "--inexact",
+        *args,
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+    )
+
+
+@nox.session
+@nox.parametrize("package", PACKAGES)
+def tests(session: nox.Session, package: str) -> None:
+    """One package's tests in an environment holding only it and its ``test`` extra."""
+    sync(session, "--package", package, "--extra", "test")
+    session.run("pytest", f"packages/{package}/tests", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole tree."""
+    sync(session, "--only-group", "lint")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over every package's src."""
+    sync(session, "--all-packages", "--all-extras", "--group", "typecheck", "--no-extra", "vllm")
+    session.run("mypy")
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Build every package as a wheel without workspace sources, then prove the sandbox standalone.
+
+    The sandbox wheel goes into a fresh, bare virtual environment (no torch, no workspace) and must
+    import and run from there: the proof that ``pip install rstar2-sandbox`` works on its own.
+    """
+    shutil.rmtree(DIST, ignore_errors=True)
+    session.run("uv", "build", "--all-packages", "--no-sources", "--out-dir", str(DIST))
+    built = sorted(p.name for p in DIST.glob("*.whl"))
+    for package in PACKAGES:
+        prefix = package.replace("-", "_") + "-"
+        if not any(name.startswith(prefix) for name in built):
+            session.error(f"no wheel was built for {package}; built: {built}")
+
+    bare = Path(session.create_tmp()) / "bare-sandbox"
+    shutil.rmtree(bare, ignore_errors=True)
+    session.run("uv", "venv", "--quiet", str(bare))
+    python = str(bare / "bin" / "python")
+    env = {"VIRTUAL_ENV": str(bare)}
+    (wheel,) = DIST.glob("rstar2_sandbox-*.whl")
+    session.run("uv", "pip", "install", "--python", python, str(wheel), env=env)
+    session.run(
+        python,
+        "-c",
+        "import importlib.util, rstar2_sandbox; "
+        "assert importlib.util.find_spec('torch') is None, 'torch leaked into the sandbox'; "
+        "print('rstar2-sandbox', rstar2_sandbox.__version__, 'imports without torch')",
+        env=env,
+        external=True,
+    )
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks of every package that has them (figures go in each package README)."""
+    sync(session, "--all-packages", "--all-extras", "--no-extra", "vllm")
+    scripts = sorted(ROOT.glob("packages/*/bench/*.py"))
+    if not scripts:
+        session.error("no benchmark scripts found under packages/*/bench/")
+    for script in scripts:
+        session.run("python", str(script), *session.posargs, env={"PYTHONUNBUFFERED": "1"})
