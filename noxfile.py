@@ -102,8 +102,8 @@ def wheels(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks of every package that has them (figures go in each package README)."""
     sync(session, "--all-packages", "--all-extras", "--no-extra", "vllm")
-    scripts = sorted(ROOT.glob("packages/*/bench/*.py"))
+    scripts = sorted(ROOT.glob("packages/*/bench/bench.py"))
     if not scripts:
-        session.error("no benchmark scripts found under packages/*/bench/")
+        session.error("no packages/*/bench/bench.py found")
     for script in scripts:
         session.run("python", str(script), *session.posargs, env={"PYTHONUNBUFFERED": "1"})

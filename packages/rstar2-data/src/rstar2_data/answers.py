@@ -18,7 +18,7 @@ _LATEX_NOISE = ("$", "\\!", "\\,", "\\;", "\\ ", "{,}")
 
 
 def unwrap_boxed(text: str) -> str:
-    """``\\boxed{x}`` or ``\\fbox{x}`` around the whole string becomes ``x``; anything else is kept."""
+    """Strip a ``\\boxed{}`` or ``\\fbox{}`` that wraps the whole string; keep anything else."""
     text = text.strip()
     while (match := _BOXED.match(text)) is not None:
         text = match.group("inner").strip()

@@ -1,4 +1,4 @@
-"""Row schemas shared by every rstar2 dataset: math problems for RL/eval and chat examples for SFT."""
+"""Row schemas shared by rstar2 datasets: math problems (RL, eval) and chat examples (SFT)."""
 
 from __future__ import annotations
 
