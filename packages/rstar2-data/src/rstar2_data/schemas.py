@@ -22,3 +22,68 @@ class MathProblem(BaseModel):
     )
     answer_kind: AnswerKind = Field(description="integer, or any other LaTeX expression.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Source-specific extras.")
+
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class FunctionCall(BaseModel):
+    """The function a tool call names, with its arguments as a JSON object (not a string)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolCall(BaseModel):
+    """One tool call of an assistant message, in the OpenAI chat format."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, description="Links the call to its tool message.")
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    """One message in the OpenAI chat format."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Role
+    content: str = ""
+    tool_calls: list[ToolCall] | None = Field(
+        default=None, description="Only on assistant messages."
+    )
+    tool_call_id: str | None = Field(default=None, description="Only on tool messages.")
+    name: str | None = Field(default=None, description="The tool's name, on tool messages.")
+
+
+class ChatExample(BaseModel):
+    """One SFT conversation with the tools its system prompt offers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] = Field(
+        default_factory=list, description="JSON function schemas offered to the model."
+    )
+
+
+class GradedSample(BaseModel):
+    """One graded model answer to one problem: a JSONL line written by the evaluator.
+
+    Label verification and difficulty filters read these, grouped by ``problem_id``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    problem_id: str = Field(min_length=1)
+    sample_index: int = Field(ge=0, description="Which of the n samples of this problem.")
+    answer: str | None = Field(description="Extracted final answer; None when there was none.")
+    correct: bool = Field(description="Whether the answer matched the problem's label.")
+    source: str | None = None
+    benchmark: str | None = None

@@ -1,0 +1,182 @@
+"""Seeded demo datasets: integer-answer problems for RL and tool-using SFT transcripts."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+from rstar2_data.demo.runner import Execution, run_python
+from rstar2_data.demo.tasks import FAMILIES, LEVELS, Level, TaskInstance
+from rstar2_data.schemas import ChatExample, ChatMessage, FunctionCall, MathProblem, ToolCall
+from rstar2_data.tools import PYTHON_TOOL_NAME, python_tool_arguments, python_tool_schema
+
+DEMO_SOURCE = "rstar2/demo"
+ToolResponseFormatter = Callable[[Execution], str]
+
+
+def plain_tool_response(execution: Execution) -> str:
+    """What the program printed, followed by its error when it failed."""
+    return execution.stdout + execution.stderr
+
+
+def generate_tasks(
+    n: int,
+    *,
+    seed: int,
+    levels: Sequence[Level] = LEVELS,
+    families: Sequence[str] | None = None,
+) -> list[TaskInstance]:
+    """``n`` problems drawn uniformly over the given families and levels; same seed, same list."""
+    names = list(families) if families is not None else list(FAMILIES)
+    unknown = sorted(set(names) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"unknown demo families {unknown}; expected some of {sorted(FAMILIES)}")
+    if not names or not levels:
+        raise ValueError("demo generation needs at least one family and one level")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    rng = random.Random(seed)
+    return [FAMILIES[rng.choice(names)](rng, rng.choice(list(levels))) for _ in range(n)]
+
+
+def to_problem(task: TaskInstance, *, problem_id: str) -> MathProblem:
+    """The RL row of one demo task."""
+    return MathProblem(
+        id=problem_id,
+        source=DEMO_SOURCE,
+        problem=task.problem,
+        answer=str(task.answer),
+        answer_kind="integer",
+        metadata={"family": task.family, "level": task.level},
+    )
+
+
+def demo_problems(
+    n: int,
+    *,
+    seed: int,
+    levels: Sequence[Level] = LEVELS,
+    families: Sequence[str] | None = None,
+) -> list[MathProblem]:
+    """``n`` seeded demo problems as ``MathProblem`` rows."""
+    tasks = generate_tasks(n, seed=seed, levels=levels, families=families)
+    return [to_problem(task, problem_id=f"demo-{seed}-{i}") for i, task in enumerate(tasks)]
+
+
+# A planted bug, the reasoning that notices it, and how to break the call: (code, stdin) -> call.
+_FAILURES: dict[str, tuple[str, Callable[[str, str], tuple[str, str]]]] = {
+    "missing_stdin": (
+        "The program reads its numbers from standard input, but I passed none. "
+        "I will run it again with the numbers as input.",
+        lambda code, stdin: (code, ""),
+    ),
+    "name_typo": (
+        "I misspelled `print`. Fixing the name and running it again.",
+        lambda code, stdin: (_replace_last(code, "print(", "pritn("), stdin),
+    ),
+    "syntax": (
+        "A parenthesis is left open, so the code does not parse. I will close it and retry.",
+        lambda code, stdin: (_replace_last(code, ")", ""), stdin),
+    ),
+}
+
+
+def _replace_last(text: str, old: str, new: str) -> str:
+    head, sep, tail = text.rpartition(old)
+    if not sep:
+        raise ValueError(f"cannot plant a bug: {old!r} not in the program")
+    return head + new + tail
+
+
+def _assistant_call(content: str, call_id: str, code: str, stdin: str) -> ChatMessage:
+    call = ToolCall(
+        id=call_id,
+        function=FunctionCall(name=PYTHON_TOOL_NAME, arguments=python_tool_arguments(code, stdin)),
+    )
+    return ChatMessage(role="assistant", content=content, tool_calls=[call])
+
+
+def _tool_message(call_id: str, content: str) -> ChatMessage:
+    return ChatMessage(role="tool", content=content, tool_call_id=call_id, name=PYTHON_TOOL_NAME)
+
+
+def to_transcript(
+    task: TaskInstance,
+    *,
+    example_id: str,
+    failure: str | None = None,
+    tool_response: ToolResponseFormatter = plain_tool_response,
+) -> ChatExample:
+    """An SFT conversation solving ``task`` with the Python tool, in the agent protocol.
+
+    The assistant reasons inside ``<reason>`` (left open across tool turns, as the generation
+    prompt pre-fills it), calls the tool, reads the real output of running the call, and ends
+    with one ``<answer>`` holding ``\\boxed{}``. With ``failure`` set to a planted-bug name, the
+    first call fails and a corrected call follows.
+    """
+    messages = [ChatMessage(role="user", content=task.problem)]
+    opening = f"<reason>\n{task.plan}\n"
+    if failure is not None:
+        if failure not in _FAILURES:
+            raise ValueError(f"unknown failure {failure!r}; expected one of {sorted(_FAILURES)}")
+        fix, plant = _FAILURES[failure]
+        bad_code, bad_stdin = plant(task.code, task.stdin)
+        failed = run_python(bad_code, bad_stdin)
+        if failed.ok:
+            raise RuntimeError(f"planted bug {failure!r} did not fail for {task.family}")
+        messages += [
+            _assistant_call(opening, "call_0", bad_code, bad_stdin),
+            _tool_message("call_0", tool_response(failed)),
+        ]
+        opening = f"{fix}\n"
+    result = run_python(task.code, task.stdin)
+    if not result.ok or result.stdout.strip() != str(task.answer):
+        # The generator's answer and the program disagree: a bug in rstar2, never in the data.
+        raise RuntimeError(f"{task.family} solver printed {result.stdout!r} for {task.answer}")
+    call_id = f"call_{len(messages) // 2}"
+    printed = result.stdout.strip()
+    messages += [
+        _assistant_call(opening, call_id, task.code, task.stdin),
+        _tool_message(call_id, tool_response(result)),
+        ChatMessage(
+            role="assistant",
+            content=(
+                f"The program printed {printed}, so the answer is {printed}.\n</reason>\n"
+                f"<answer>\n\\boxed{{{printed}}}\n</answer>"
+            ),
+        ),
+    ]
+    return ChatExample(
+        id=example_id, source=DEMO_SOURCE, messages=messages, tools=[python_tool_schema()]
+    )
+
+
+def demo_transcripts(
+    n: int,
+    *,
+    seed: int,
+    levels: Sequence[Level] = LEVELS,
+    families: Sequence[str] | None = None,
+    failure_share: float = 0.25,
+    tool_response: ToolResponseFormatter = plain_tool_response,
+) -> list[ChatExample]:
+    """``n`` seeded transcripts; ``round(failure_share * n)`` of them recover from a failed call.
+
+    ``tool_response`` renders an execution as the tool message text, so a caller can match its
+    rollout's tool-response format exactly.
+    """
+    if not 0.0 <= failure_share <= 1.0:
+        raise ValueError(f"failure_share must be in [0, 1], got {failure_share}")
+    tasks = generate_tasks(n, seed=seed, levels=levels, families=families)
+    rng = random.Random(f"{seed}:failures")
+    failing = set(rng.sample(range(n), round(failure_share * n)))
+    modes = sorted(_FAILURES)
+    return [
+        to_transcript(
+            task,
+            example_id=f"demo-sft-{seed}-{i}",
+            failure=rng.choice(modes) if i in failing else None,
+            tool_response=tool_response,
+        )
+        for i, task in enumerate(tasks)
+    ]
