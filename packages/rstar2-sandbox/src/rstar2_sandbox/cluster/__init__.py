@@ -1,0 +1,27 @@
+"""Cluster mode: front ends and workers sharing a queue in Redis.
+
+Needs the optional extra ``rstar2-sandbox[cluster]``.
+"""
+
+from __future__ import annotations
+
+try:
+    import redis  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "rstar2-sandbox cluster mode needs the 'redis' package: "
+        "pip install 'rstar2-sandbox[cluster]'"
+    ) from exc
+
+from rstar2_sandbox.cluster.messages import Delivery, ResultMessage, TaskMessage
+from rstar2_sandbox.cluster.queue import ClusterQueue, QueueStats
+from rstar2_sandbox.cluster.settings import ClusterSettings
+
+__all__ = [
+    "ClusterQueue",
+    "ClusterSettings",
+    "Delivery",
+    "QueueStats",
+    "ResultMessage",
+    "TaskMessage",
+]

@@ -1,0 +1,263 @@
+"""The cluster's queue in Redis: one stream with a consumer group, results written once.
+
+Layout under ``key_prefix`` (``P``):
+
+- ``P:tasks``: stream of queued calls; consumer group ``workers``. A worker reads entries with
+  XREADGROUP, holds them in its pending list while they run, renews its lease on them (XCLAIM
+  JUSTID resets their idle time) and removes them (XACK + XDEL) once the result is written.
+  Entries idle past the lease belong to a dead worker and are claimed by a live one.
+- ``P:result:<request id>``: the result, written with SET NX: the first writer wins, so a call
+  run twice (its first worker was presumed dead) still yields one result.
+- ``P:reply:<front end id>``: list the first writer pushes results to; the front end pops it.
+- ``P:frontend:<front end id>``: liveness key of a front end, refreshed while it runs.
+- ``P:workers``: sorted set of worker ids scored by their last heartbeat (Redis server clock).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, cast
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from rstar2_sandbox.cluster.messages import Delivery, ResultMessage, TaskMessage
+from rstar2_sandbox.cluster.settings import ClusterSettings
+
+logger = logging.getLogger(__name__)
+
+GROUP = "workers"
+
+# Refuses the call when the stream already holds max_queue entries (waiting + running): the bound
+# and the append are one atomic step, so concurrent front ends cannot overshoot it together.
+_ENQUEUE = """
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return false end
+return redis.call('XADD', KEYS[1], '*', 'id', ARGV[2], 'reply', ARGV[3], 'request', ARGV[4])
+"""
+
+# First writer wins: only the call's first result reaches its front end. The entry is removed
+# from the stream either way, since the call is done.
+_COMPLETE = """
+local written = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+if written then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
+redis.call('XACK', KEYS[3], ARGV[3], ARGV[4])
+redis.call('XDEL', KEYS[3], ARGV[4])
+if written then return 1 end
+return 0
+"""
+
+# Heartbeats and liveness use the Redis server's clock, so nodes with skewed clocks agree.
+_HEARTBEAT = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZADD', KEYS[1], ms, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - tonumber(ARGV[2]) * 10)
+return ms
+"""
+
+_COUNT_ALIVE = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], ms - tonumber(ARGV[1]), '+inf')
+"""
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Cluster-wide counts as seen in Redis."""
+
+    queue_depth: int
+    """Calls queued but not yet handed to a worker."""
+    in_flight: int
+    """Calls handed to a worker and not yet done."""
+    workers: int
+    """Workers whose heartbeat is younger than the lease."""
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+class ClusterQueue:
+    """Every Redis operation of the cluster; front ends and workers share this one class."""
+
+    def __init__(self, redis: Redis[str], settings: ClusterSettings) -> None:
+        self.redis = redis
+        self.settings = settings
+        prefix = settings.key_prefix
+        self.stream = f"{prefix}:tasks"
+        self.workers_key = f"{prefix}:workers"
+        self._prefix = prefix
+        self._enqueue = redis.register_script(_ENQUEUE)
+        self._complete = redis.register_script(_COMPLETE)
+        self._heartbeat = redis.register_script(_HEARTBEAT)
+        self._count_alive = redis.register_script(_COUNT_ALIVE)
+
+    def result_key(self, request_id: str) -> str:
+        return f"{self._prefix}:result:{request_id}"
+
+    def reply_key(self, frontend_id: str) -> str:
+        return f"{self._prefix}:reply:{frontend_id}"
+
+    def frontend_key(self, frontend_id: str) -> str:
+        return f"{self._prefix}:frontend:{frontend_id}"
+
+    async def ensure_group(self) -> None:
+        """Create the stream and its consumer group unless they exist (safe to race)."""
+        try:
+            await self.redis.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    # --- front end side ---------------------------------------------------------------------
+
+    async def enqueue(self, task: TaskMessage) -> bool:
+        """Append a call; False when the queue already holds ``max_queue`` calls."""
+        fields = task.to_fields()
+        entry = await self._enqueue(
+            keys=[self.stream],
+            args=[self.settings.max_queue, fields["id"], fields["reply"], fields["request"]],
+        )
+        return entry is not None
+
+    async def pop_results(
+        self, frontend_id: str, count: int, timeout_s: float
+    ) -> list[ResultMessage]:
+        """Wait up to ``timeout_s`` for results addressed to a front end; pop up to ``count``."""
+        # BLMPOP (Redis >= 7) pops a whole batch in one round trip; the stubs lack it.
+        reply = await self.redis.execute_command(  # type: ignore[no-untyped-call]  # untyped stub
+            "BLMPOP", timeout_s, 1, self.reply_key(frontend_id), "LEFT", "COUNT", count
+        )
+        if reply is None:
+            return []
+        _key, items = cast(tuple[str, list[str]], reply)
+        return [ResultMessage.model_validate_json(item) for item in items]
+
+    async def touch_frontend(self, frontend_id: str) -> bool:
+        """Refresh a front end's liveness key; False when it had lapsed (or never existed)."""
+        previous = await self.redis.set(
+            self.frontend_key(frontend_id), "1", px=_ms(self.settings.frontend_ttl_s), get=True
+        )
+        return previous is not None
+
+    async def drop_frontend(self, frontend_id: str) -> None:
+        """Mark a front end gone: workers discard its queued calls, its replies are freed."""
+        await self.redis.delete(self.frontend_key(frontend_id), self.reply_key(frontend_id))
+
+    async def stats(self) -> QueueStats:
+        """Queue depth, calls running, live workers."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xlen(self.stream)
+            pipe.xpending(self.stream, GROUP)
+            queued, pending = await pipe.execute()
+        workers = await self._count_alive(
+            keys=[self.workers_key], args=[_ms(self.settings.lease_s)]
+        )
+        running = int(pending["pending"])
+        return QueueStats(
+            queue_depth=max(0, int(queued) - running), in_flight=running, workers=int(workers)
+        )
+
+    # --- worker side ------------------------------------------------------------------------
+
+    async def read_new(self, consumer: str, count: int, block_s: float) -> list[Delivery]:
+        """Take up to ``count`` calls never delivered before, waiting up to ``block_s``."""
+        reply = await self.redis.xreadgroup(
+            GROUP, consumer, {self.stream: ">"}, count=count, block=_ms(block_s)
+        )
+        deliveries: list[Delivery] = []
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                deliveries.append(Delivery.parse(entry_id, fields, deliveries=1))
+        return deliveries
+
+    async def claim_stale(self, consumer: str, count: int) -> list[Delivery]:
+        """Take up to ``count`` calls whose worker stopped renewing its lease.
+
+        XCLAIM with a minimum idle time is atomic: when two workers race for an entry, the first
+        claim resets its idle time and the second gets nothing.
+        """
+        lease = _ms(self.settings.lease_s)
+        stale = await self.redis.xpending_range(
+            self.stream, GROUP, min="-", max="+", count=count, idle=lease
+        )
+        if not stale:
+            return []
+        counts = {str(item["message_id"]): int(item["times_delivered"]) for item in stale}
+        claimed = await self.redis.xclaim(  # type: ignore[no-untyped-call]  # untyped stub
+            self.stream, GROUP, consumer, min_idle_time=lease, message_ids=list(counts)
+        )
+        return [
+            Delivery.parse(entry_id, fields or {}, deliveries=counts[entry_id] + 1)
+            for entry_id, fields in cast(list[tuple[str, dict[str, str]]], claimed)
+        ]
+
+    async def renew(self, consumer: str, entry_ids: list[str]) -> None:
+        """Reset the idle time of calls this worker holds, so no one presumes it dead."""
+        if entry_ids:
+            await self.redis.xclaim(  # type: ignore[no-untyped-call]  # untyped stub
+                self.stream, GROUP, consumer, min_idle_time=0, message_ids=entry_ids, justid=True
+            )
+
+    async def complete(
+        self, entry_id: str, request_id: str, reply_to: str, result: ResultMessage
+    ) -> bool:
+        """Write a call's result (first writer wins) and remove the call from the stream.
+
+        Returns False when another worker had already written a result: this one is discarded.
+        """
+        written = await self._complete(
+            keys=[self.result_key(request_id), self.reply_key(reply_to), self.stream],
+            args=[result.model_dump_json(), _ms(self.settings.result_ttl_s), GROUP, entry_id],
+        )
+        return bool(written)
+
+    async def discard(self, entry_ids: list[str]) -> None:
+        """Remove calls from the stream without a result (their front end is gone)."""
+        if entry_ids:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.xack(self.stream, GROUP, *entry_ids)
+                pipe.xdel(self.stream, *entry_ids)
+                await pipe.execute()
+
+    async def release(self, held: dict[str, TaskMessage]) -> None:
+        """Hand calls (by entry id) back to the queue unrun, e.g. on shutdown: queued anew."""
+        if not held:
+            return
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for task in held.values():
+                pipe.xadd(self.stream, cast(Any, task.to_fields()))
+            pipe.xack(self.stream, GROUP, *held)
+            pipe.xdel(self.stream, *held)
+            await pipe.execute()
+
+    async def alive_frontends(self, frontend_ids: set[str]) -> set[str]:
+        """Which of these front ends still refresh their liveness key."""
+        ordered = sorted(frontend_ids)
+        if not ordered:
+            return set()
+        flags = await self.redis.mget([self.frontend_key(fid) for fid in ordered])
+        return {fid for fid, flag in zip(ordered, flags, strict=True) if flag is not None}
+
+    async def heartbeat(self, worker_id: str) -> None:
+        """Record that a worker is alive (and prune long-dead ones)."""
+        await self._heartbeat(keys=[self.workers_key], args=[worker_id, _ms(self.settings.lease_s)])
+
+    async def deregister(self, worker_id: str) -> None:
+        """Remove a stopping worker from the count, and its consumer once it holds nothing."""
+        await self.redis.zrem(self.workers_key, worker_id)
+        held = await self.redis.xpending_range(
+            self.stream, GROUP, min="-", max="+", count=1, consumername=worker_id
+        )
+        if held:
+            logger.warning("worker %s still holds calls; they will be reclaimed", worker_id)
+        else:
+            # DELCONSUMER drops the consumer's pending entries, hence only when it holds none.
+            await self.redis.xgroup_delconsumer(  # type: ignore[no-untyped-call]  # untyped stub
+                self.stream, GROUP, worker_id
+            )

@@ -1,0 +1,185 @@
+"""The Redis queue layer: bound, delivery, leases, reclaim, first-writer-wins results."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import Redis
+
+from rstar2_sandbox.cluster import ClusterQueue, ClusterSettings, ResultMessage, TaskMessage
+from rstar2_sandbox.models import RunRequest, RunResult, RunStatus
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.cluster]
+
+
+def task(n: int, reply_to: str = "fe") -> TaskMessage:
+    return TaskMessage(
+        request_id=f"r{n}", reply_to=reply_to, request=RunRequest(code=f"print({n})")
+    )
+
+
+def result(n: int, worker: str = "w", deliveries: int = 1) -> ResultMessage:
+    return ResultMessage(
+        request_id=f"r{n}",
+        result=RunResult(status=RunStatus.SUCCESS, stdout=f"{n}\n"),
+        worker=worker,
+        deliveries=deliveries,
+    )
+
+
+async def make_queue(client: Redis, settings: ClusterSettings) -> ClusterQueue:
+    queue = ClusterQueue(client, settings)
+    await queue.ensure_group()
+    await queue.ensure_group()  # a second front end or worker starting must not fail
+    return queue
+
+
+async def test_call_travels_from_enqueue_to_front_end(
+    client: Redis, settings: ClusterSettings
+) -> None:
+    queue = await make_queue(client, settings)
+    assert await queue.enqueue(task(1))
+    (delivery,) = await queue.read_new("w1", count=10, block_s=0.1)
+    assert delivery.task == task(1)
+    assert delivery.deliveries == 1
+    assert await queue.complete(delivery.entry_id, "r1", "fe", result(1))
+    assert await queue.pop_results("fe", count=10, timeout_s=0.1) == [result(1)]
+    assert await client.xlen(queue.stream) == 0
+    assert await client.xpending(queue.stream, "workers") == {
+        "pending": 0,
+        "min": None,
+        "max": None,
+        "consumers": [],
+    }
+
+
+async def test_batches_are_at_most_count(client: Redis, settings: ClusterSettings) -> None:
+    queue = await make_queue(client, settings)
+    for n in range(5):
+        assert await queue.enqueue(task(n))
+    first = await queue.read_new("w1", count=3, block_s=0.1)
+    second = await queue.read_new("w2", count=3, block_s=0.1)
+    assert [d.task.request_id for d in first if d.task] == ["r0", "r1", "r2"]
+    assert [d.task.request_id for d in second if d.task] == ["r3", "r4"]
+    assert await queue.read_new("w1", count=3, block_s=0.05) == []
+
+
+async def test_full_queue_refuses_and_frees_up_when_calls_finish(
+    client: Redis, settings: ClusterSettings
+) -> None:
+    queue = await make_queue(client, settings.model_copy(update={"max_queue": 3}))
+    assert [await queue.enqueue(task(n)) for n in range(4)] == [True, True, True, False]
+    # Running calls still count against the bound: only finished ones free a place.
+    (delivery,) = await queue.read_new("w1", count=1, block_s=0.1)
+    assert not await queue.enqueue(task(5))
+    await queue.complete(delivery.entry_id, "r0", "fe", result(0))
+    assert await queue.enqueue(task(5))
+    stats = await queue.stats()
+    assert (stats.queue_depth, stats.in_flight) == (3, 0)
+
+
+async def test_stale_call_is_claimed_only_after_the_lease(
+    client: Redis, settings: ClusterSettings
+) -> None:
+    queue = await make_queue(client, settings)
+    await queue.enqueue(task(1))
+    (held,) = await queue.read_new("dead", count=1, block_s=0.1)
+    assert await queue.claim_stale("alive", count=10) == []
+    await asyncio.sleep(settings.lease_s + 0.1)
+    (claimed,) = await queue.claim_stale("alive", count=10)
+    assert claimed.entry_id == held.entry_id
+    assert claimed.task == task(1)
+    assert claimed.deliveries == 2
+    # The claim resets the lease: a third worker racing for it gets nothing.
+    assert await queue.claim_stale("other", count=10) == []
+
+
+async def test_renewed_lease_keeps_a_call(client: Redis, settings: ClusterSettings) -> None:
+    queue = await make_queue(client, settings)
+    await queue.enqueue(task(1))
+    (held,) = await queue.read_new("slow", count=1, block_s=0.1)
+    for _ in range(4):
+        await asyncio.sleep(settings.lease_s / 2)
+        await queue.renew("slow", [held.entry_id])
+    assert await queue.claim_stale("other", count=10) == []
+    stats = await queue.stats()
+    assert (stats.queue_depth, stats.in_flight) == (0, 1)
+
+
+async def test_only_the_first_result_reaches_the_front_end(
+    client: Redis, settings: ClusterSettings
+) -> None:
+    queue = await make_queue(client, settings)
+    await queue.enqueue(task(1))
+    (first,) = await queue.read_new("w1", count=1, block_s=0.1)
+    await asyncio.sleep(settings.lease_s + 0.1)
+    (second,) = await queue.claim_stale("w2", count=1)
+    assert await queue.complete(second.entry_id, "r1", "fe", result(1, "w2", 2))
+    assert not await queue.complete(first.entry_id, "r1", "fe", result(1, "w1", 1))
+    assert await queue.pop_results("fe", count=10, timeout_s=0.1) == [result(1, "w2", 2)]
+    assert await queue.pop_results("fe", count=10, timeout_s=0.1) == []
+    assert await client.xlen(queue.stream) == 0
+
+
+async def test_malformed_entry_is_reported_with_its_ids(
+    client: Redis, settings: ClusterSettings
+) -> None:
+    queue = await make_queue(client, settings)
+    await client.xadd(queue.stream, {"id": "r9", "reply": "fe", "request": '{"code": 5}'})
+    await client.xadd(queue.stream, {"request": "{}"})
+    bad_body, no_ids = await queue.read_new("w1", count=10, block_s=0.1)
+    assert bad_body.task is None
+    assert (bad_body.request_id, bad_body.reply_to) == ("r9", "fe")
+    assert bad_body.error is not None
+    assert "'request'" in bad_body.error
+    assert "code" in bad_body.error
+    assert no_ids.task is None
+    assert no_ids.error is not None
+    assert "['id', 'reply']" in no_ids.error
+
+
+async def test_released_calls_are_queued_anew(client: Redis, settings: ClusterSettings) -> None:
+    queue = await make_queue(client, settings)
+    for n in range(2):
+        await queue.enqueue(task(n))
+    held = await queue.read_new("stopping", count=2, block_s=0.1)
+    await queue.release({d.entry_id: d.task for d in held if d.task})
+    again = await queue.read_new("w2", count=10, block_s=0.1)
+    assert [d.task for d in again] == [task(0), task(1)]
+    assert [d.deliveries for d in again] == [1, 1]
+    assert {d.entry_id for d in again}.isdisjoint(d.entry_id for d in held)
+    assert await client.xlen(queue.stream) == 2
+
+
+async def test_front_end_liveness(client: Redis, settings: ClusterSettings) -> None:
+    queue = await make_queue(client, settings)
+    assert not await queue.touch_frontend("a")  # had never been alive
+    assert await queue.touch_frontend("a")
+    await queue.touch_frontend("b")
+    assert await queue.alive_frontends({"a", "b", "c"}) == {"a", "b"}
+    await queue.drop_frontend("a")
+    assert await queue.alive_frontends({"a", "b"}) == {"b"}
+
+
+async def test_worker_count_follows_heartbeats(client: Redis, settings: ClusterSettings) -> None:
+    queue = await make_queue(client, settings)
+    await queue.heartbeat("w1")
+    await queue.heartbeat("w2")
+    assert (await queue.stats()).workers == 2
+    await queue.deregister("w1")
+    assert (await queue.stats()).workers == 1
+    await asyncio.sleep(settings.lease_s + 0.1)
+    assert (await queue.stats()).workers == 0
+
+
+async def test_deregister_keeps_a_consumer_that_still_holds_calls(
+    client: Redis, settings: ClusterSettings
+) -> None:
+    queue = await make_queue(client, settings)
+    await queue.enqueue(task(1))
+    await queue.read_new("w1", count=1, block_s=0.1)
+    await queue.deregister("w1")
+    await asyncio.sleep(settings.lease_s + 0.1)
+    (claimed,) = await queue.claim_stale("w2", count=1)
+    assert claimed.task == task(1)
