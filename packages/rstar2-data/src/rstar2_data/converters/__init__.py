@@ -1,0 +1,68 @@
+"""Source converters by name: each turns one public dataset's rows into rstar2 rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rstar2_data.converters.base import Converter, RowError, RowKind
+from rstar2_data.converters.chat_sources import (
+    ApigenMT,
+    ChatBuilder,
+    Glaive,
+    MagicoderToTool,
+    Messages,
+    NemotronChat,
+    ToolAce,
+    Xlam,
+)
+from rstar2_data.converters.math_sources import (
+    DapoRaw,
+    MappedMath,
+    OpenMathReasoning,
+    make_problem,
+)
+
+# Recipe ``converter:`` names -> factories. Hub ids each one is written for are in the README.
+CONVERTERS: dict[str, Callable[[], Converter[Any]]] = {
+    "messages": Messages,
+    "nemotron_chat": NemotronChat,
+    "xlam": Xlam,
+    "apigen_mt": ApigenMT,
+    "toolace": ToolAce,
+    "glaive": Glaive,
+    "magicoder_oss": MagicoderToTool,
+    "magicoder_evol": lambda: MagicoderToTool(instruction="instruction", response="response"),
+    "dapo_processed": lambda: MappedMath(problem="prompt", answer="solution"),
+    "dapo_raw": DapoRaw,
+    "openmathreasoning": OpenMathReasoning,
+    "project_euler": lambda: MappedMath(id_field="id", problem="problem", answer="answer"),
+}
+
+
+def get_converter(name: str) -> Converter[Any]:
+    """The converter registered under ``name``."""
+    if name not in CONVERTERS:
+        raise KeyError(f"unknown converter {name!r}; expected one of {sorted(CONVERTERS)}")
+    return CONVERTERS[name]()
+
+
+__all__ = [
+    "CONVERTERS",
+    "ApigenMT",
+    "ChatBuilder",
+    "Converter",
+    "DapoRaw",
+    "Glaive",
+    "MagicoderToTool",
+    "MappedMath",
+    "Messages",
+    "NemotronChat",
+    "OpenMathReasoning",
+    "RowError",
+    "RowKind",
+    "ToolAce",
+    "Xlam",
+    "get_converter",
+    "make_problem",
+]

@@ -1,0 +1,119 @@
+"""Converters of math problem/answer rows (RL sources) into ``MathProblem``."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from rstar2_data.answers import normalize_integer, unwrap_boxed
+from rstar2_data.converters.base import Converter, RowError, RowKind, field, text_field
+from rstar2_data.schemas import MathProblem
+
+
+def make_problem(
+    *, problem_id: str, source: str, problem: str, answer: Any, metadata: dict[str, Any]
+) -> MathProblem:
+    """A ``MathProblem`` with its answer normalized: integers canonical, else unwrapped text."""
+    if isinstance(answer, bool) or not isinstance(answer, str | int | float):
+        raise RowError("answer is not a string or number", type(answer).__name__)
+    integer = normalize_integer(answer)
+    if integer is not None:
+        return MathProblem(
+            id=problem_id,
+            source=source,
+            problem=problem.strip(),
+            answer=str(integer),
+            answer_kind="integer",
+            metadata=metadata,
+        )
+    text = unwrap_boxed(str(answer))
+    if not text:
+        raise RowError("empty answer")
+    return MathProblem(
+        id=problem_id,
+        source=source,
+        problem=problem.strip(),
+        answer=text,
+        answer_kind="expression",
+        metadata=metadata,
+    )
+
+
+class MappedMath(Converter[MathProblem]):
+    """Problem/answer rows whose columns a field mapping names (dotted paths for nesting).
+
+    Without an ``id`` column, ids are ``<source>-<row index>``; ``keep`` copies extra columns
+    into the metadata.
+    """
+
+    kind: ClassVar[RowKind] = "math"
+
+    def __init__(
+        self,
+        *,
+        problem: str = "problem",
+        answer: str = "answer",
+        id_field: str | None = None,
+        keep: tuple[str, ...] = (),
+    ) -> None:
+        self.problem, self.answer, self.id_field, self.keep = problem, answer, id_field, keep
+
+    def problem_text(self, row: Mapping[str, Any]) -> str:
+        return text_field(row, self.problem)
+
+    def convert(self, row: Mapping[str, Any], *, source: str, index: int) -> MathProblem:
+        problem_id = str(field(row, self.id_field)) if self.id_field else f"{source}-{index}"
+        metadata = {name: row[name] for name in self.keep if row.get(name) is not None}
+        return make_problem(
+            problem_id=problem_id,
+            source=source,
+            problem=self.problem_text(row),
+            answer=field(row, self.answer),
+            metadata=metadata,
+        )
+
+
+class DapoRaw(MappedMath):
+    """``BytedTsinghua-SIA/DAPO-Math-17k``: the problem sits inside a chat prompt with an
+    instruction around it ("Solve the following math problem step by step...", "Remember to put
+    your answer on its own line after \\"Answer:\\"."), which is stripped. Each prompt repeats
+    about 100 times; the dedup filter removes the copies.
+    """
+
+    _PREFIX = re.compile(r"^Solve the following math problem step by step\..*?\n\n", re.DOTALL)
+    _SUFFIX = re.compile(r"\n\nRemember to put your answer on its own line after .*$", re.DOTALL)
+
+    def __init__(self) -> None:
+        super().__init__(
+            problem="prompt", answer="reward_model.ground_truth", id_field="extra_info.index"
+        )
+
+    def problem_text(self, row: Mapping[str, Any]) -> str:
+        prompt = field(row, "prompt")
+        if not isinstance(prompt, list) or not prompt or not isinstance(prompt[0], Mapping):
+            raise RowError("prompt is not a list of messages")
+        content = prompt[0].get("content")
+        if not isinstance(content, str):
+            raise RowError("prompt message has no string content")
+        text = self._SUFFIX.sub("", self._PREFIX.sub("", content.strip()))
+        if not text.strip():
+            raise RowError("empty field prompt")
+        return text
+
+
+class OpenMathReasoning(MappedMath):
+    """``nvidia/OpenMathReasoning``: keeps rows whose answer was extracted from the source
+    (``problem_type`` "has_answer_extracted"); proofs and model-voted answers are rejected.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            problem="problem", answer="expected_answer", keep=("problem_source", "problem_type")
+        )
+
+    def convert(self, row: Mapping[str, Any], *, source: str, index: int) -> MathProblem:
+        kind = row.get("problem_type")
+        if kind != "has_answer_extracted":
+            raise RowError("answer not extracted from the source", str(kind))
+        return super().convert(row, source=source, index=index)
