@@ -16,12 +16,15 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from rstar2_sandbox.cluster.messages import Delivery, ResultMessage, TaskMessage
 from rstar2_sandbox.cluster.queue import ClusterQueue, QueueStats
 from rstar2_sandbox.cluster.settings import ClusterSettings
+from rstar2_sandbox.cluster.worker import ClusterWorker, WorkerCounters
 
 __all__ = [
     "ClusterQueue",
     "ClusterSettings",
+    "ClusterWorker",
     "Delivery",
     "QueueStats",
     "ResultMessage",
     "TaskMessage",
+    "WorkerCounters",
 ]

@@ -1,0 +1,217 @@
+"""A cluster worker: pulls batches of calls from Redis and runs them on a local sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from redis.exceptions import RedisError
+
+from rstar2_sandbox.cluster.messages import Delivery, ResultMessage, TaskMessage, internal_error
+from rstar2_sandbox.cluster.queue import ClusterQueue
+from rstar2_sandbox.protocol import Sandbox
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 64  # the paper's send workers batch up to 64 tool calls
+
+
+@dataclass
+class WorkerCounters:
+    """What one worker did since it started."""
+
+    completed: int = 0
+    """Results it wrote (the first for their call)."""
+    duplicates: int = 0
+    """Results it discarded because another worker had written one first."""
+    gave_up: int = 0
+    """Calls it failed with internal_error after too many deliveries or a bad entry."""
+    orphaned: int = 0
+    """Calls it dropped unrun because their front end is gone."""
+    released: int = 0
+    """Calls it handed back to the queue unrun on shutdown."""
+
+
+class ClusterWorker:
+    """Runs queued calls on ``sandbox`` with at most ``2 * slots`` of them held at once.
+
+    Holding one batch beyond the sandbox's slots hides the Redis round trip; holding more would
+    starve other workers. Reads take at most ``batch_size`` calls each.
+    """
+
+    def __init__(
+        self,
+        queue: ClusterQueue,
+        sandbox: Sandbox,
+        *,
+        slots: int,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        worker_id: str | None = None,
+        drain_timeout_s: float = 30.0,
+        poll_s: float = 0.5,
+    ) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.queue = queue
+        self.sandbox = sandbox
+        self.slots = slots
+        self.batch_size = batch_size
+        self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
+        self.drain_timeout_s = drain_timeout_s
+        self.poll_s = poll_s
+        self.counters = WorkerCounters()
+        self._held: dict[str, TaskMessage] = {}
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._room = asyncio.Event()
+
+    @property
+    def max_held(self) -> int:
+        return 2 * self.slots
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set, then finish (or hand back) the calls held."""
+        settings = self.queue.settings
+        await self.queue.ensure_group()
+        await self.queue.heartbeat(self.worker_id)
+        keeper = asyncio.create_task(self._keep_alive())
+        logger.info(
+            "worker %s serving: %d slots, batches of up to %d",
+            self.worker_id,
+            self.slots,
+            self.batch_size,
+        )
+        next_claim = 0.0
+        try:
+            while not stop.is_set():
+                free = self.max_held - len(self._held)
+                if free <= 0:
+                    self._room.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._room.wait(), self.poll_s)
+                    continue
+                count = min(free, self.batch_size)
+                deliveries: list[Delivery] = []
+                if time.monotonic() >= next_claim:
+                    # Calls of dead workers go first: they have waited longest.
+                    deliveries = await self.queue.claim_stale(self.worker_id, count)
+                    if len(deliveries) < count:
+                        next_claim = time.monotonic() + settings.lease_s / 2
+                if not deliveries:
+                    deliveries = await self.queue.read_new(self.worker_id, count, self.poll_s)
+                await self._accept(deliveries)
+        finally:
+            try:
+                await self._drain()
+            finally:
+                keeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keeper
+            await self.queue.deregister(self.worker_id)
+            logger.info("worker %s stopped: %s", self.worker_id, self.counters)
+
+    async def _accept(self, deliveries: list[Delivery]) -> None:
+        if not deliveries:
+            return
+        alive = await self.queue.alive_frontends({d.reply_to for d in deliveries if d.reply_to})
+        gone: list[str] = []
+        max_deliveries = self.queue.settings.max_deliveries
+        for delivery in deliveries:
+            if delivery.request_id is None or delivery.reply_to is None:
+                logger.error("dropping unanswerable entry: %s", delivery.error)
+                gone.append(delivery.entry_id)
+            elif delivery.reply_to not in alive:
+                gone.append(delivery.entry_id)
+                self.counters.orphaned += 1
+            elif delivery.task is None or delivery.deliveries > max_deliveries:
+                reason = delivery.error or (
+                    f"call {delivery.request_id} was handed to workers {delivery.deliveries} "
+                    f"times (at most {max_deliveries}); the workers holding it died"
+                )
+                logger.warning("failing call %s: %s", delivery.request_id, reason)
+                self.counters.gave_up += 1
+                result = internal_error(reason)
+                await self._finish(
+                    delivery.entry_id,
+                    delivery.request_id,
+                    delivery.reply_to,
+                    ResultMessage(
+                        request_id=delivery.request_id,
+                        result=result,
+                        worker=self.worker_id,
+                        deliveries=delivery.deliveries,
+                    ),
+                )
+            else:
+                self._held[delivery.entry_id] = delivery.task
+                self._running[delivery.entry_id] = asyncio.create_task(
+                    self._execute(delivery.entry_id, delivery.task, delivery.deliveries)
+                )
+        if gone:
+            logger.info("dropping %d call(s) whose front end is gone", len(gone))
+            await self.queue.discard(gone)
+
+    async def _execute(self, entry_id: str, task: TaskMessage, deliveries: int) -> None:
+        try:
+            try:
+                result = await self.sandbox.run(task.request)
+            except Exception as exc:
+                logger.exception("sandbox failed on call %s", task.request_id)
+                result = internal_error(f"sandbox failed: {exc!r}")
+            message = ResultMessage(
+                request_id=task.request_id,
+                result=result,
+                worker=self.worker_id,
+                deliveries=deliveries,
+            )
+            await self._finish(entry_id, task.request_id, task.reply_to, message)
+        finally:
+            self._held.pop(entry_id, None)
+            self._running.pop(entry_id, None)
+            self._room.set()
+
+    async def _finish(
+        self, entry_id: str, request_id: str, reply_to: str, message: ResultMessage
+    ) -> None:
+        try:
+            written = await self.queue.complete(entry_id, request_id, reply_to, message)
+        except RedisError:
+            # The call stays pending without a lease: another worker reclaims and reruns it.
+            logger.exception("could not write the result of call %s", request_id)
+            return
+        if written:
+            self.counters.completed += 1
+        else:
+            logger.info("discarding duplicate result of call %s", request_id)
+            self.counters.duplicates += 1
+
+    async def _keep_alive(self) -> None:
+        """Heartbeat and renew the leases of held calls, every third of the lease."""
+        interval = self.queue.settings.lease_s / 3
+        while True:
+            try:
+                await self.queue.heartbeat(self.worker_id)
+                await self.queue.renew(self.worker_id, list(self._held))
+            except RedisError:
+                logger.exception("worker %s could not renew its leases", self.worker_id)
+            await asyncio.sleep(interval)
+
+    async def _drain(self) -> None:
+        """Let running calls finish within ``drain_timeout_s``; hand the rest back unrun."""
+        running = list(self._running.values())
+        if running:
+            logger.info("worker %s finishing %d call(s)", self.worker_id, len(running))
+            await asyncio.wait(running, timeout=self.drain_timeout_s)
+        unfinished = dict(self._held)
+        for entry_id in unfinished:
+            self._running[entry_id].cancel()
+        await asyncio.gather(*self._running.values(), return_exceptions=True)
+        if unfinished:
+            logger.info("worker %s handing back %d call(s)", self.worker_id, len(unfinished))
+            await self.queue.release(unfinished)
+            self.counters.released += len(unfinished)
