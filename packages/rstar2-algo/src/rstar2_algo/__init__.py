@@ -6,6 +6,50 @@ chunked log-probs.
 
 from importlib.metadata import version
 
+from rstar2_algo._groups import GroupIds
+from rstar2_algo._rng import RandomSource
+from rstar2_algo.advantages import AdvantageScale, GroupAdvantages, group_advantages
+from rstar2_algo.aggregation import LossAggregation, aggregate
+from rstar2_algo.filtering import DroppedGroup, DropReason, GroupFilter, filter_groups
+from rstar2_algo.kl import KLEstimator, kl_divergence
+from rstar2_algo.logprobs import entropy_from_logits, selective_log_softmax
+from rstar2_algo.policy_loss import PolicyLoss, policy_loss
+from rstar2_algo.quality import TrajectoryQuality
+from rstar2_algo.roc import (
+    RocSelection,
+    RocStats,
+    RocStrategy,
+    resample_groups,
+    resample_on_correct,
+    split_quota,
+)
+
 __version__ = version("rstar2-algo")
 
-__all__ = ["__version__"]
+__all__ = [
+    "AdvantageScale",
+    "DropReason",
+    "DroppedGroup",
+    "GroupAdvantages",
+    "GroupFilter",
+    "GroupIds",
+    "KLEstimator",
+    "LossAggregation",
+    "PolicyLoss",
+    "RandomSource",
+    "RocSelection",
+    "RocStats",
+    "RocStrategy",
+    "TrajectoryQuality",
+    "__version__",
+    "aggregate",
+    "entropy_from_logits",
+    "filter_groups",
+    "group_advantages",
+    "kl_divergence",
+    "policy_loss",
+    "resample_groups",
+    "resample_on_correct",
+    "selective_log_softmax",
+    "split_quota",
+]

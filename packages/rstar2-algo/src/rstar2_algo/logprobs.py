@@ -1,0 +1,153 @@
+"""Log-probabilities of chosen tokens and entropies from logits, chunked over rows.
+
+A naive ``log_softmax(logits.float(), -1).gather(...)`` materialises a float32 copy of the whole
+``[tokens, vocab]`` logits (19.9 GB for 8 x 4096 tokens over Qwen's 151,936-token vocabulary),
+and autograd keeps it for the backward pass. Here each chunk of rows is upcast, normalised and
+reduced on its own, and the backward pass recomputes the softmax chunk by chunk from the saved
+per-row log-normaliser, so the extra memory is a few chunks plus O(tokens), in both passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+DEFAULT_CHUNK_ELEMENTS = 1 << 25
+"""With ``chunk_size=None`` a chunk holds about this many logits (128 MiB in float32)."""
+
+Block = tuple[torch.Tensor, tuple[int, ...], slice]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_common(logits: torch.Tensor, temperature: float, chunk_size: int | None) -> int:
+    """Validate; return the rows per chunk."""
+    if not logits.is_floating_point():
+        raise ValueError(f"logits must be a floating-point tensor, got {logits.dtype}")
+    if logits.dim() < 2:
+        raise ValueError(
+            f"logits must have shape [..., vocab] with at least 2 dims, got {tuple(logits.shape)}"
+        )
+    if logits.shape[-1] == 0:
+        raise ValueError("logits must have a non-empty vocabulary dimension")
+    if not temperature > 0 or temperature == float("inf"):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature}")
+    if chunk_size is None:
+        return max(1, DEFAULT_CHUNK_ELEMENTS // logits.shape[-1])
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int (rows per chunk), got {chunk_size!r}")
+    return chunk_size
+
+
+def _blocks(logits: torch.Tensor, rows: int, prefix: tuple[int, ...] = ()) -> Iterator[Block]:
+    """Yield ``[rows, vocab]`` views of ``logits`` with where they go in a ``[..., ]`` output.
+
+    Each item is (block, leading index, row slice): the block's results belong at
+    ``out[leading index].view(-1)[row slice]``. A tensor whose leading dims cannot be flattened
+    without a copy (e.g. ``logits[:, :-1]``) is walked one leading index at a time instead.
+    """
+    try:
+        flat = logits.view(-1, logits.shape[-1])
+    except RuntimeError:
+        for i in range(logits.shape[0]):
+            yield from _blocks(logits[i], rows, (*prefix, i))
+        return
+    for start in range(0, flat.shape[0], rows):
+        yield flat[start : start + rows], prefix, slice(start, start + rows)
+
+
+def _scaled(block: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``block / temperature`` in the compute dtype, as a fresh tensor safe to modify."""
+    scaled = block.to(_compute_dtype(block.dtype), copy=True)
+    return scaled if temperature == 1.0 else scaled.div_(temperature)
+
+
+class _SelectiveLogSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, logits: torch.Tensor, token_ids: torch.Tensor, temperature: float, rows: int
+    ) -> torch.Tensor:
+        dtype = _compute_dtype(logits.dtype)
+        out = torch.empty(token_ids.shape, dtype=dtype, device=logits.device)
+        log_norm = torch.empty(token_ids.shape, dtype=dtype, device=logits.device)
+        for block, prefix, rows_slice in _blocks(logits, rows):
+            ids = token_ids[prefix].reshape(-1, 1)[rows_slice]
+            scaled = _scaled(block, temperature)
+            picked_logit = scaled.gather(-1, ids).squeeze(-1)
+            picked = torch.log_softmax(scaled, dim=-1).gather(-1, ids).squeeze(-1)
+            out[prefix].view(-1)[rows_slice] = picked
+            # logsumexp of the row, recovered without a second pass over the vocabulary.
+            log_norm[prefix].view(-1)[rows_slice] = picked_logit - picked
+        ctx.save_for_backward(logits, token_ids, log_norm)
+        ctx.temperature = temperature
+        ctx.rows = rows
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        logits, token_ids, log_norm = ctx.saved_tensors
+        temperature: float = ctx.temperature
+        grad_logits = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        # d log p_t / d z_j = (1[j = t] - softmax_j) / T
+        grad_out = grad_out.contiguous() / temperature
+        for block, prefix, rows_slice in _blocks(logits, ctx.rows):
+            ids = token_ids[prefix].reshape(-1, 1)[rows_slice]
+            upstream = grad_out[prefix].reshape(-1, 1)[rows_slice]
+            norm = log_norm[prefix].reshape(-1, 1)[rows_slice]
+            grad = _scaled(block, temperature).sub_(norm).exp_().mul_(-upstream)
+            grad.scatter_add_(-1, ids, upstream)
+            grad_logits[prefix].view(-1, logits.shape[-1])[rows_slice] = grad
+        return grad_logits, None, None, None
+
+
+def selective_log_softmax(
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """``log softmax(logits / temperature)[token_ids]`` without the full log-softmax tensor.
+
+    ``logits`` is ``[..., vocab]`` in any floating dtype on any device, ``token_ids`` the integer
+    ``[...]`` ids to pick. The result is float32 (float64 for float64 logits); bf16/fp16 logits
+    are upcast one chunk at a time. ``chunk_size`` is rows per chunk; None picks about 32M
+    logits per chunk. Differentiable with respect to ``logits`` with the same memory bound.
+    Pass the sampling temperature so the log-probs match the distribution that was sampled.
+    """
+    rows = _check_common(logits, temperature, chunk_size)
+    if tuple(token_ids.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(
+            f"token_ids shape {tuple(token_ids.shape)} must equal the logits shape "
+            f"without its vocabulary dim, {tuple(logits.shape[:-1])}"
+        )
+    if token_ids.is_floating_point() or token_ids.dtype == torch.bool:
+        raise ValueError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
+    if token_ids.device != logits.device:
+        raise ValueError(f"token_ids are on {token_ids.device} but logits on {logits.device}")
+    ids = token_ids.to(torch.long).contiguous()
+    # torch declares Function.apply without types.
+    result: torch.Tensor = _SelectiveLogSoftmax.apply(  # type: ignore[no-untyped-call]
+        logits, ids, float(temperature), rows
+    )
+    return result
+
+
+@torch.no_grad()
+def entropy_from_logits(
+    logits: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None
+) -> torch.Tensor:
+    """Entropy of ``softmax(logits / temperature)`` per position, ``[...]`` from ``[..., vocab]``.
+
+    For metrics: computed chunk by chunk in float32 (float64 for float64 logits) and returned
+    without gradient. Tokens masked to ``-inf`` contribute 0.
+    """
+    rows = _check_common(logits, temperature, chunk_size)
+    out = torch.empty(logits.shape[:-1], dtype=_compute_dtype(logits.dtype), device=logits.device)
+    for block, prefix, rows_slice in _blocks(logits, rows):
+        probs = torch.log_softmax(_scaled(block, temperature), dim=-1).exp_()
+        out[prefix].view(-1)[rows_slice] = torch.special.entr(probs).sum(dim=-1)
+    return out
