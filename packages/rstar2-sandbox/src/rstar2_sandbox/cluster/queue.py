@@ -10,16 +10,18 @@ Layout under ``key_prefix`` (``P``):
   run twice (its first worker was presumed dead) still yields one result.
 - ``P:reply:<front end id>``: list the first writer pushes results to; the front end pops it.
 - ``P:frontend:<front end id>``: liveness key of a front end, refreshed while it runs.
-- ``P:workers``: sorted set of worker ids scored by their last heartbeat (Redis server clock).
+- ``P:workers``: sorted set of worker ids scored by when their lease expires (server clock).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
 from rstar2_sandbox.cluster.messages import Delivery, ResultMessage, TaskMessage
@@ -50,19 +52,20 @@ if written then return 1 end
 return 0
 """
 
-# Heartbeats and liveness use the Redis server's clock, so nodes with skewed clocks agree.
+# A worker's heartbeat scores it with the time its lease expires, on the Redis server's clock:
+# nodes with skewed clocks agree, and front ends need not know the workers' lease.
 _HEARTBEAT = """
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-redis.call('ZADD', KEYS[1], ms, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - tonumber(ARGV[2]) * 10)
+redis.call('ZADD', KEYS[1], ms + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - 3600000)
 return ms
 """
 
 _COUNT_ALIVE = """
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-return redis.call('ZCOUNT', KEYS[1], ms - tonumber(ARGV[1]), '+inf')
+return redis.call('ZCOUNT', KEYS[1], ms, '+inf')
 """
 
 
@@ -75,7 +78,19 @@ class QueueStats:
     in_flight: int
     """Calls handed to a worker and not yet done."""
     workers: int
-    """Workers whose heartbeat is younger than the lease."""
+    """Workers whose last heartbeat is younger than their lease."""
+
+
+def connect(url: str, max_connections: int = 64) -> Redis[str]:
+    """A client whose concurrent commands share at most ``max_connections`` connections.
+
+    Thousands of concurrent calls would otherwise each open a connection to Redis.
+    """
+    pool: BlockingConnectionPool[Any] = BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, decode_responses=True
+    )
+    # decode_responses is the pool's; repeated here for the type of the client.
+    return Redis(connection_pool=pool, decode_responses=True)
 
 
 def _ms(seconds: float) -> int:
@@ -155,9 +170,7 @@ class ClusterQueue:
             pipe.xlen(self.stream)
             pipe.xpending(self.stream, GROUP)
             queued, pending = await pipe.execute()
-        workers = await self._count_alive(
-            keys=[self.workers_key], args=[_ms(self.settings.lease_s)]
-        )
+        workers = await self._count_alive(keys=[self.workers_key])
         running = int(pending["pending"])
         return QueueStats(
             queue_depth=max(0, int(queued) - running), in_flight=running, workers=int(workers)
@@ -225,16 +238,25 @@ class ClusterQueue:
                 pipe.xdel(self.stream, *entry_ids)
                 await pipe.execute()
 
+    def _append(self, pipe: Pipeline[str], tasks: Iterable[TaskMessage]) -> None:
+        for task in tasks:
+            pipe.xadd(self.stream, cast(Any, task.to_fields()))
+
+    async def requeue(self, tasks: list[TaskMessage]) -> None:
+        """Queue calls again, past the bound: they were admitted once already."""
+        if tasks:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                self._append(pipe, tasks)
+                await pipe.execute()
+
     async def release(self, held: dict[str, TaskMessage]) -> None:
         """Hand calls (by entry id) back to the queue unrun, e.g. on shutdown: queued anew."""
-        if not held:
-            return
-        async with self.redis.pipeline(transaction=True) as pipe:
-            for task in held.values():
-                pipe.xadd(self.stream, cast(Any, task.to_fields()))
-            pipe.xack(self.stream, GROUP, *held)
-            pipe.xdel(self.stream, *held)
-            await pipe.execute()
+        if held:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                self._append(pipe, held.values())
+                pipe.xack(self.stream, GROUP, *held)
+                pipe.xdel(self.stream, *held)
+                await pipe.execute()
 
     async def alive_frontends(self, frontend_ids: set[str]) -> set[str]:
         """Which of these front ends still refresh their liveness key."""
