@@ -1,0 +1,193 @@
+"""The ``rstar2-eval`` command line."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rstar2_eval.errors import InputError
+from rstar2_eval.generations import read_generations
+from rstar2_eval.grading import Grader, GraderConfig
+from rstar2_eval.loading import load_benchmark
+from rstar2_eval.pool import GradingError
+from rstar2_eval.registry import BENCHMARKS
+from rstar2_eval.reports import (
+    score_table,
+    write_graded_samples,
+    write_problems_csv,
+    write_report_json,
+)
+from rstar2_eval.scoring import score_generations
+
+app = typer.Typer(
+    help="Grade math answers, score benchmark generations, list the benchmark registry.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console()
+errors = Console(stderr=True)
+logger = logging.getLogger("rstar2_eval")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=errors, show_path=False)],
+    )
+
+
+@app.command()
+def score(
+    generations: Annotated[
+        Path,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            help="JSON Lines of generations: benchmark, problem_id, sample_index, response, and "
+            "optionally response_tokens, tool_calls, tool_errors, truncated.",
+        ),
+    ],
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            file_okay=False,
+            help="Directory with local benchmark files (aime24.jsonl, ...). Without it, "
+            "benchmarks are downloaded from the Hugging Face hub.",
+        ),
+    ] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            file_okay=False,
+            help="Where to write <stem>.report.json, <stem>.problems.csv and, with --plot, "
+            "<stem>.scores.png (<stem> is the generations file name without its suffix). "
+            "Default: the generations file's directory.",
+        ),
+    ] = None,
+    plot: Annotated[
+        bool, typer.Option("--plot", help="Also write a PNG bar chart (needs the plot extra).")
+    ] = False,
+    samples_out: Annotated[
+        Path | None,
+        typer.Option(
+            dir_okay=False,
+            help="Also write one graded record per sample (rstar2-data GradedSample JSONL).",
+        ),
+    ] = None,
+    k: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--k",
+            min=1,
+            help="k values for pass@k and maj@k (repeat the option). Default: powers of two "
+            "up to the samples per problem, and that number itself.",
+        ),
+    ] = None,
+    boxed_fallback: Annotated[
+        bool,
+        typer.Option(
+            help="When the <answer> block holds no \\boxed{}, use the last \\boxed{} anywhere "
+            "(the released code's rule). Off: only the <answer> block counts (the paper's rule).",
+        ),
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(min=0.01, help="Wall-clock seconds math-verify may spend on one answer."),
+    ] = 5.0,
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, help="Grading worker processes. Default: one per available CPU."),
+    ] = None,
+    max_answer_chars: Annotated[
+        int,
+        typer.Option(min=1, help="Longer extracted answers are reported ungradable unparsed."),
+    ] = 2000,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress details.")] = False,
+) -> None:
+    """Grade a generations file against its benchmarks and report per-benchmark metrics."""
+    _setup_logging(verbose)
+    config = GraderConfig(
+        boxed_fallback=boxed_fallback,
+        timeout_s=timeout,
+        max_answer_chars=max_answer_chars,
+        **({"workers": workers} if workers is not None else {}),
+    )
+    try:
+        numbered = read_generations(generations)
+        names = sorted({n.generation.benchmark for n in numbered} & set(BENCHMARKS))
+        # Unknown names are reported by score_generations, with their line.
+        benchmarks = {name: load_benchmark(name, data_dir) for name in names}
+        with Grader(config) as grader, _progress() as progress:
+            task = progress.add_task("grading", total=len(numbered))
+            result = score_generations(
+                numbered,
+                benchmarks,
+                grader,
+                origin=str(generations),
+                ks=k,
+                on_graded=lambda count: progress.advance(task, count),
+            )
+            if grader.worker_replacements:
+                logger.warning(
+                    "%d grading workers were replaced after a hang or crash",
+                    grader.worker_replacements,
+                )
+    except (InputError, GradingError) as error:
+        errors.print(f"[red]error:[/red] {error}", highlight=False, markup=True)
+        raise typer.Exit(code=2) from None
+
+    directory = out_dir if out_dir is not None else generations.parent
+    stem = generations.stem
+    written = [directory / f"{stem}.report.json", directory / f"{stem}.problems.csv"]
+    write_report_json(result.report, written[0])
+    write_problems_csv(result.problems, written[1])
+    if plot:
+        from rstar2_eval.plotting import plot_scores
+
+        written.append(directory / f"{stem}.scores.png")
+        plot_scores(result.report, written[-1])
+    if samples_out is not None:
+        write_graded_samples(result.samples, samples_out)
+        written.append(samples_out)
+    console.print(score_table(result.report))
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=errors,
+        transient=True,
+    )
+
+
+@app.command()
+def benchmarks() -> None:
+    """List the benchmark registry: names, hub sources, local file names and answer formats."""
+    table = Table(title="rstar2-eval benchmarks", title_justify="left")
+    for column in ("name", "title", "hub dataset", "config(s)", "split", "local file", "answers"):
+        table.add_column(column)
+    for spec in BENCHMARKS.values():
+        configs = ", ".join(config or "default" for config in spec.hub.configs)
+        table.add_row(
+            spec.name,
+            spec.title,
+            spec.hub.path,
+            configs,
+            spec.hub.split,
+            spec.local_file,
+            spec.answer_format,
+        )
+    console.print(table)

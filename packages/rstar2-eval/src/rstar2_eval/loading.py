@@ -1,0 +1,177 @@
+"""Loading benchmarks as ``MathProblem`` rows, from a local directory or the hub."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import string
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from rstar2_data.answers import normalize_integer
+from rstar2_data.schemas import AnswerKind, MathProblem
+from rstar2_eval.errors import InputError
+from rstar2_eval.registry import BenchmarkSpec, get_benchmark
+
+logger = logging.getLogger(__name__)
+
+
+def _first_present(row: Mapping[str, Any], names: tuple[str, ...]) -> tuple[str, Any] | None:
+    for name in names:
+        if name in row and row[name] is not None:
+            return name, row[name]
+    return None
+
+
+def normalize_answer(value: object) -> tuple[str, AnswerKind]:
+    """A gold answer as ``(text, kind)``: integers in canonical form ("025", 27.0 -> "25", "27").
+
+    Raises ValueError for answers that are empty or not a string or number.
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"expected a string or number, got {type(value).__name__}")
+    integer = normalize_integer(value)
+    if integer is not None:
+        return str(integer), "integer"
+    text = str(value).strip()
+    if not text:
+        raise ValueError("expected a non-empty answer")
+    return text, "expression"
+
+
+def _lettered(spec: BenchmarkSpec, row: Mapping[str, Any], problem_id: str) -> tuple[str, str]:
+    """Options shuffled deterministically per problem; returns (options text, gold letter)."""
+    assert spec.choices is not None
+    correct = str(row[spec.choices.correct]).strip()
+    options = [correct] + [str(row[name]).strip() for name in spec.choices.incorrect]
+    # Seeding with a string is stable across runs and Python versions (it is hashed with SHA-512).
+    random.Random(f"{spec.choices.seed}:{problem_id}").shuffle(options)
+    letters = string.ascii_uppercase[: len(options)]
+    text = "\n".join(f"{letter}) {option}" for letter, option in zip(letters, options, strict=True))
+    return text, letters[options.index(correct)]
+
+
+def problem_from_row(
+    spec: BenchmarkSpec, row: Mapping[str, Any], position: int, origin: str, line: int | None
+) -> MathProblem:
+    """Map one raw row to a ``MathProblem``; InputError names the line and field on failure."""
+    found_id = _first_present(row, spec.fields.id)
+    problem_id = str(found_id[1]) if found_id is not None else str(position)
+    found_problem = _first_present(row, spec.fields.problem)
+    if found_problem is None or not str(found_problem[1]).strip():
+        raise InputError(
+            origin,
+            "expected a non-empty problem statement",
+            line=line,
+            field=spec.fields.problem[0],
+        )
+    problem = str(found_problem[1]).strip()
+    used = {found_problem[0]} | ({found_id[0]} if found_id is not None else set())
+    if spec.choices is not None and spec.choices.correct in row:
+        missing = [name for name in spec.choices.incorrect if row.get(name) is None]
+        if missing:
+            raise InputError(origin, "expected an option text", line=line, field=missing[0])
+        options, answer = _lettered(spec, row, problem_id)
+        problem = f"{problem}\n\n{options}"
+        kind: AnswerKind = "expression"
+        used |= {spec.choices.correct, *spec.choices.incorrect}
+    else:
+        found_answer = _first_present(row, spec.fields.answer)
+        if found_answer is None:
+            raise InputError(origin, "expected an answer", line=line, field=spec.fields.answer[0])
+        try:
+            answer, kind = normalize_answer(found_answer[1])
+        except ValueError as error:
+            raise InputError(origin, str(error), line=line, field=found_answer[0]) from None
+        used.add(found_answer[0])
+    metadata = {key: value for key, value in row.items() if key not in used}
+    try:
+        return MathProblem(
+            id=problem_id,
+            source=origin,
+            problem=problem,
+            answer=answer,
+            answer_kind=kind,
+            metadata=metadata,
+        )
+    except ValidationError as error:
+        raise InputError(origin, str(error), line=line) from None
+
+
+def _collect(
+    spec: BenchmarkSpec, rows: Iterable[tuple[int | None, Mapping[str, Any]]], origin: str
+) -> list[MathProblem]:
+    problems: list[MathProblem] = []
+    seen: dict[str, int | None] = {}
+    for position, (line, row) in enumerate(rows):
+        problem = problem_from_row(spec, row, position, origin, line)
+        if problem.id in seen:
+            first = seen[problem.id]
+            raise InputError(
+                origin,
+                f"duplicate problem id {problem.id!r} (first at line {first})",
+                line=line,
+                field=spec.fields.id[0],
+            )
+        seen[problem.id] = line
+        problems.append(problem)
+    if not problems:
+        raise InputError(origin, f"benchmark {spec.name} has no rows")
+    if spec.expected_rows is not None and len(problems) != spec.expected_rows:
+        logger.warning(
+            "%s: %d rows, the full %s has %d", origin, len(problems), spec.title, spec.expected_rows
+        )
+    return problems
+
+
+def read_jsonl_objects(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for each non-blank line; InputError on anything but an object."""
+    with path.open(encoding="utf-8") as lines:
+        for number, text in enumerate(lines, start=1):
+            if not text.strip():
+                continue
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise InputError(str(path), f"invalid JSON: {error.msg}", line=number) from None
+            if not isinstance(value, dict):
+                raise InputError(
+                    str(path), f"expected a JSON object, got {type(value).__name__}", line=number
+                )
+            yield number, value
+
+
+def load_local(spec: BenchmarkSpec, data_dir: Path) -> list[MathProblem]:
+    """Read ``data_dir / spec.local_file``."""
+    path = data_dir / spec.local_file
+    if not path.is_file():
+        raise InputError(
+            str(path), f"no local copy of {spec.name}; expected a JSON Lines file at this path"
+        )
+    return _collect(spec, read_jsonl_objects(path), str(path))
+
+
+def load_hub(spec: BenchmarkSpec) -> list[MathProblem]:
+    """Download from the Hugging Face hub with ``datasets`` (needs network access)."""
+    from datasets import load_dataset
+
+    def rows() -> Iterable[tuple[int | None, Mapping[str, Any]]]:
+        for config in spec.hub.configs:
+            for row in load_dataset(spec.hub.path, config, split=spec.hub.split):
+                yield None, row
+
+    return _collect(spec, rows(), spec.hub.path)
+
+
+def load_benchmark(
+    benchmark: str | BenchmarkSpec, data_dir: Path | None = None
+) -> list[MathProblem]:
+    """A benchmark's problems: from ``data_dir`` when given, else from the hub."""
+    spec = get_benchmark(benchmark) if isinstance(benchmark, str) else benchmark
+    if data_dir is not None:
+        return load_local(spec, data_dir)
+    return load_hub(spec)
