@@ -77,10 +77,16 @@ def test_openmathreasoning_keeps_extracted_answers() -> None:
 
 
 def test_project_euler() -> None:
+    # alexandonian/project-euler columns.
     row = {
         "id": 1,
+        "title": "Multiples of 3 or 5",
         "problem": "Find the sum of all the multiples of 3 or 5 below 1000.",
-        "answer": "233168",
+        "question_latex": "...",
+        "numerical_answer": "233168",
+        "pub_date": "2001-10-05",
+        "solved_by": 1000000,
+        "diff_rate": "5%",
     }
     problem = convert("project_euler", row)
     assert (problem.id, problem.answer) == ("1", "233168")

@@ -16,15 +16,19 @@ from rstar2_data.converters.chat_sources import (
     ToolAce,
     Xlam,
 )
+from rstar2_data.converters.chat_sources import Rows as ChatRows
 from rstar2_data.converters.math_sources import (
     DapoRaw,
     MappedMath,
     OpenMathReasoning,
     make_problem,
 )
+from rstar2_data.converters.math_sources import Rows as MathRows
 
 # Recipe ``converter:`` names -> factories. Hub ids each one is written for are in the README.
 CONVERTERS: dict[str, Callable[[], Converter[Any]]] = {
+    "math_rows": MathRows,
+    "chat_rows": ChatRows,
     "messages": Messages,
     "nemotron_chat": NemotronChat,
     "xlam": Xlam,
@@ -36,7 +40,9 @@ CONVERTERS: dict[str, Callable[[], Converter[Any]]] = {
     "dapo_processed": lambda: MappedMath(problem="prompt", answer="solution"),
     "dapo_raw": DapoRaw,
     "openmathreasoning": OpenMathReasoning,
-    "project_euler": lambda: MappedMath(id_field="id", problem="problem", answer="answer"),
+    "project_euler": lambda: MappedMath(
+        id_field="id", problem="problem", answer="numerical_answer"
+    ),
 }
 
 
@@ -51,11 +57,13 @@ __all__ = [
     "CONVERTERS",
     "ApigenMT",
     "ChatBuilder",
+    "ChatRows",
     "Converter",
     "DapoRaw",
     "Glaive",
     "MagicoderToTool",
     "MappedMath",
+    "MathRows",
     "Messages",
     "NemotronChat",
     "OpenMathReasoning",

@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from pydantic import ValidationError
+
 from rstar2_data.converters.base import Converter, RowError, RowKind, field, text_field
 from rstar2_data.converters.calls import (
     Call,
@@ -93,6 +95,19 @@ def _tools(value: Any) -> list[dict[str, Any]]:
 def _example_id(row: Mapping[str, Any], source: str, index: int) -> str:
     value = row.get("id")
     return str(value) if value is not None and str(value) else f"{source}-{index}"
+
+
+class Rows(Converter[ChatExample]):
+    """Rows already in the ``ChatExample`` schema, e.g. the output of an earlier build."""
+
+    kind: ClassVar[RowKind] = "chat"
+
+    def convert(self, row: Mapping[str, Any], *, source: str, index: int) -> ChatExample:
+        try:
+            return ChatExample.model_validate(row)
+        except ValidationError as error:
+            where = ".".join(str(p) for p in error.errors()[0]["loc"])
+            raise RowError("not a ChatExample row", where) from error
 
 
 class Messages(Converter[ChatExample]):

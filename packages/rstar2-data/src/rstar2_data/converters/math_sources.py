@@ -6,6 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from pydantic import ValidationError
+
 from rstar2_data.answers import normalize_integer, unwrap_boxed
 from rstar2_data.converters.base import Converter, RowError, RowKind, field, text_field
 from rstar2_data.schemas import MathProblem
@@ -72,6 +74,19 @@ class MappedMath(Converter[MathProblem]):
             answer=field(row, self.answer),
             metadata=metadata,
         )
+
+
+class Rows(Converter[MathProblem]):
+    """Rows already in the ``MathProblem`` schema, e.g. the output of an earlier build."""
+
+    kind: ClassVar[RowKind] = "math"
+
+    def convert(self, row: Mapping[str, Any], *, source: str, index: int) -> MathProblem:
+        try:
+            return MathProblem.model_validate(row)
+        except ValidationError as error:
+            where = ".".join(str(p) for p in error.errors()[0]["loc"])
+            raise RowError("not a MathProblem row", where) from error
 
 
 class DapoRaw(MappedMath):

@@ -1,0 +1,35 @@
+"""Integer-answer filter: keep problems whose answer is an integer of bounded size."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+from rstar2_data.answers import normalize_integer
+from rstar2_data.converters.base import RowKind
+from rstar2_data.filters.base import Filter, Row
+from rstar2_data.schemas import MathProblem
+
+DEFAULT_MAX_ABS = 10**12
+
+
+class IntegerAnswer(Filter):
+    """Keeps integer answers with ``|answer| <= max_abs``; huge answers are slow to verify."""
+
+    name: ClassVar[str] = "integer_answer"
+    kinds: ClassVar[tuple[RowKind, ...]] = ("math",)
+
+    def __init__(self, max_abs: int = DEFAULT_MAX_ABS) -> None:
+        self.max_abs = max_abs
+
+    def rejector(self) -> Callable[[Row], str | None]:
+        def reject(row: Row) -> str | None:
+            assert isinstance(row, MathProblem)  # kinds guarantees it
+            value = normalize_integer(row.answer)
+            if value is None:
+                return "answer is not an integer"
+            if abs(value) > self.max_abs:
+                return f"answer larger than {self.max_abs}"
+            return None
+
+        return reject

@@ -1,0 +1,46 @@
+"""Reading source rows: hub datasets through ``datasets``, local JSONL and Parquet files."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type hints
+
+from rstar2_data.jsonl import DataFileError, iter_jsonl
+
+logger = logging.getLogger(__name__)
+
+
+def iter_local(path: Path) -> Iterator[dict[str, Any]]:
+    """Rows of a local ``.jsonl``/``.json`` (one object per line) or ``.parquet`` file."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        yield from iter_jsonl(path)
+    elif suffix == ".parquet":
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+            yield from batch.to_pylist()
+    else:
+        raise DataFileError(f"{path}: expected a .jsonl, .json or .parquet file")
+
+
+def iter_hub(hub_id: str, *, config: str | None, split: str) -> Iterator[dict[str, Any]]:
+    """Rows of a Hugging Face hub dataset split."""
+    import datasets  # imported here: slow to import and only needed for hub sources
+
+    logger.info("loading %s (config %s, split %s) from the hub", hub_id, config, split)
+    dataset = datasets.load_dataset(hub_id, config, split=split)
+    yield from dataset
+
+
+def iter_source(
+    *, hub: str | None, path: Path | None, config: str | None, split: str
+) -> Iterator[dict[str, Any]]:
+    """Rows of a hub dataset or a local file (exactly one of ``hub``, ``path``)."""
+    if path is not None:
+        return iter_local(path)
+    if hub is not None:
+        return iter_hub(hub, config=config, split=split)
+    raise ValueError("a source needs a hub id or a path")
