@@ -66,18 +66,20 @@ def group_advantages(
     counts = group_sums(torch.ones_like(work), index)
     means = group_sums(work, index) / counts.clamp(min=1)
     centred = work - means[index.inverse]
-    constant = group_constant(work, index)
-    centred = torch.where(constant[index.inverse], torch.zeros_like(centred), centred)
+    constant_groups = group_constant(work, index)
+    constant = constant_groups[index.inverse]
 
     if scale == "group":
         variances = group_sums(centred.square(), index) / (counts - 1).clamp(min=1)
-        advantages = centred / (variances.sqrt()[index.inverse] + eps)
+        scaled = centred / (variances.sqrt()[index.inverse] + eps)
     elif scale == "batch":
-        advantages = centred / (_sample_std(work) + eps)
+        scaled = centred / (_sample_std(work) + eps)
     else:
-        advantages = centred
+        scaled = centred
+    # Set, not computed: with eps=0 a constant group would be 0/0.
+    advantages = torch.where(constant, torch.zeros_like(scaled), scaled)
     return GroupAdvantages(
         advantages=advantages.to(values.dtype),
         num_groups=index.num_groups,
-        zero_variance_groups=int(constant.sum()),
+        zero_variance_groups=int(constant_groups.sum()),
     )
