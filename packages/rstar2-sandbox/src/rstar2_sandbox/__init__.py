@@ -2,10 +2,56 @@
 
 Isolated, high-throughput execution service for untrusted Python (fork-servers, HTTP API, Redis
 cluster).
+
+Names are loaded on first use: the fork-server imports this package, and everything it imports
+makes each of its forks slower, so ``import rstar2_sandbox`` alone pulls in nothing heavy.
 """
 
-from importlib.metadata import version
+from __future__ import annotations
 
-__version__ = version("rstar2-sandbox")
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["__version__"]
+if TYPE_CHECKING:
+    from rstar2_sandbox.executor.pool import ExecutorPool as ExecutorPool
+    from rstar2_sandbox.executor.settings import ExecutorSettings as ExecutorSettings
+    from rstar2_sandbox.isolation import IsolationFeature as IsolationFeature
+    from rstar2_sandbox.isolation import IsolationReport as IsolationReport
+    from rstar2_sandbox.local import LocalSandbox as LocalSandbox
+    from rstar2_sandbox.models import RunRequest as RunRequest
+    from rstar2_sandbox.models import RunResult as RunResult
+    from rstar2_sandbox.models import RunStatus as RunStatus
+    from rstar2_sandbox.protocol import Sandbox as Sandbox
+
+    __version__: str
+
+_EXPORTS = {
+    "ExecutorPool": "rstar2_sandbox.executor.pool",
+    "ExecutorSettings": "rstar2_sandbox.executor.settings",
+    "IsolationFeature": "rstar2_sandbox.isolation",
+    "IsolationReport": "rstar2_sandbox.isolation",
+    "LocalSandbox": "rstar2_sandbox.local",
+    "RunRequest": "rstar2_sandbox.models",
+    "RunResult": "rstar2_sandbox.models",
+    "RunStatus": "rstar2_sandbox.models",
+    "Sandbox": "rstar2_sandbox.protocol",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("rstar2-sandbox")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rstar2_sandbox' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,1 @@
+"""Fork-server executor: a pool of pre-warmed processes that fork one confined child per run."""

@@ -1,0 +1,562 @@
+"""The fork-server: a long-lived, pre-warmed process that forks one confined child per run.
+
+Started by ``ExecutorPool`` as ``python -m rstar2_sandbox.executor.forkserver``. It talks over its
+stdin/stdout (length-prefixed JSON frames, see ``wire``), imports the preload modules once, and for
+each call forks a child (``child.child_main``), feeds its stdin, drains stdout/stderr as they come
+with byte caps, enforces the wall-clock limit, and after the child exits kills everything the run
+left behind before it reports the slot free. Standard library only: what this process maps, every
+fork pays for.
+"""
+
+from __future__ import annotations
+
+import errno
+import gc
+import importlib
+import json
+import logging
+import math
+import os
+import re
+import resource
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import time
+from typing import Any
+
+from rstar2_sandbox.executor.child import ChildPlan, child_main, minimal_environment
+from rstar2_sandbox.executor.loop import Loop, Timer
+from rstar2_sandbox.executor.syscalls import (
+    Feature,
+    can_read_python_as,
+    enable_network_namespace,
+    enable_private_tmp,
+    enable_subreaper,
+    expose_python,
+    kill_quietly,
+    set_parent_death_signal,
+)
+
+log = logging.getLogger("rstar2_sandbox.forkserver")
+
+HEADER = struct.Struct(">I")
+READ_CHUNK = 1 << 16
+# After the run's process exits and its leftovers are killed, its pipes reach EOF at once; this
+# bounds the wait should a writer somehow survive.
+EOF_GRACE_S = 2.0
+SWEEP_ROUNDS = 50
+_MEMORY_ERROR = re.compile(
+    r"(MemoryError\b|Cannot allocate memory|std::bad_alloc|out of memory)", re.IGNORECASE
+)
+
+
+def _last_line(data: bytes) -> str:
+    lines = data.rstrip().rsplit(b"\n", 1)
+    return lines[-1].decode("utf-8", "replace") if lines else ""
+
+
+def classify(
+    wait_status: int, *, timed_out: bool, output_exceeded: bool, stderr: bytes
+) -> tuple[str, int | None, int | None]:
+    """(status, exit code, signal) of a finished run."""
+    exit_code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None
+    sig = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
+    if output_exceeded:
+        status = "output_limit_exceeded"
+    elif timed_out or sig == signal.SIGXCPU:
+        status = "timeout"
+    elif _MEMORY_ERROR.search(_last_line(stderr)) or sig == signal.SIGKILL:
+        # A SIGKILL we did not send comes from the kernel's OOM killer.
+        status = "memory_exceeded"
+    elif exit_code == 0:
+        status = "success"
+    else:
+        status = "runtime_error"
+    return status, exit_code, sig
+
+
+class Capture:
+    """Reads one pipe as data arrives, keeping at most ``cap`` bytes."""
+
+    __slots__ = ("cap", "data", "eof", "fd", "on_change", "truncated")
+
+    def __init__(self, fd: int, cap: int, on_change: Any) -> None:
+        self.fd = fd
+        self.cap = cap
+        self.data = bytearray()
+        self.truncated = False
+        self.eof = False
+        self.on_change = on_change
+
+    def read(self) -> None:
+        """Read everything available now."""
+        while True:
+            try:
+                chunk = os.read(self.fd, READ_CHUNK)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.eof = True
+                self.on_change()
+                return
+            room = self.cap - len(self.data)
+            if len(chunk) > room:
+                self.data += chunk[: max(room, 0)]
+                self.truncated = True
+                self.on_change()
+                return
+            self.data += chunk
+
+
+class Run:
+    """One call, from fork to the reported result."""
+
+    def __init__(self, server: ForkServer, call_id: int, slot: int, request: dict[str, Any]):
+        self.server = server
+        self.call_id = call_id
+        self.slot = slot
+        self.uid = server.slot_uids[slot] if server.drop_uid else None
+        self.timed_out = False
+        self.exited: tuple[int, resource.struct_rusage] | None = None
+        self.finished = False
+        self.eof_timer: Timer | None = None
+        self.workdir = os.path.join(server.workroot, f"run-{server.slot_uids[slot]}")
+        limit = int(request["output_limit_bytes"])
+        timeout_s = float(request["timeout_s"])
+        self.stdin_data = memoryview(str(request["stdin"]).encode())
+
+        in_r, self.stdin_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        status_r, status_w = os.pipe()
+        plan = ChildPlan(
+            code=str(request["code"]),
+            display_last_expr=bool(request["display_last_expr"]),
+            stdin_fd=in_r,
+            stdout_fd=out_w,
+            stderr_fd=err_w,
+            status_fd=status_w,
+            workdir=self.workdir,
+            uid=self.uid,
+            mapped_bytes=server.mapped_bytes,
+            address_space_bytes=int(request["memory_mb"]) << 20,
+            cpu_seconds=math.ceil(timeout_s) + 1,
+            max_processes=server.settings["max_processes"],
+            max_open_files=server.settings["max_open_files"],
+            max_file_bytes=server.settings["max_file_bytes"],
+        )
+        self.started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            child_main(plan)
+        self.pid = pid
+        server.runs[pid] = self
+        for fd in (in_r, out_w, err_w, status_w):
+            os.close(fd)
+        self.status_r = status_r
+        self.stdout = Capture(out_r, limit, self.check)
+        self.stderr = Capture(err_r, limit, self.check)
+        loop = server.loop
+        for capture in (self.stdout, self.stderr):
+            os.set_blocking(capture.fd, False)
+            loop.add_reader(capture.fd, capture.read)
+        os.set_blocking(self.stdin_w, False)
+        self.feed_stdin()
+        self.timer = loop.call_later(timeout_s, self.on_timeout)
+
+    def feed_stdin(self) -> None:
+        """Write as much stdin as the pipe takes; close it when done (the child sees EOF)."""
+        loop = self.server.loop
+        try:
+            while self.stdin_data:
+                written = os.write(self.stdin_w, self.stdin_data)
+                self.stdin_data = self.stdin_data[written:]
+        except BlockingIOError:
+            loop.add_writer(self.stdin_w, self.feed_stdin)
+            return
+        except OSError:
+            pass  # The child closed stdin or exited: the rest is unwanted.
+        loop.remove_writer(self.stdin_w)
+        os.close(self.stdin_w)
+        self.stdin_w = -1
+
+    def on_timeout(self) -> None:
+        self.timed_out = True
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the run's process group (its session leader's group)."""
+        if self.exited is None:
+            kill_quietly(self.pid, group=True)
+            kill_quietly(self.pid)
+
+    def check(self) -> None:
+        """Advance the run: stop a run over its output cap, finish once exited and drained."""
+        if self.stdout.truncated or self.stderr.truncated:
+            self.kill()
+        if self.exited is None or self.finished:
+            return
+        drained = all(c.eof or c.truncated for c in (self.stdout, self.stderr))
+        if drained or (self.eof_timer is not None and self.eof_timer.cancelled):
+            self.finish()
+
+    def on_exit(self, wait_status: int, rusage: resource.struct_rusage) -> None:
+        """The run's process exited: kill what it left behind, then finish when pipes close."""
+        self.exited = (wait_status, rusage)
+        self.wall_time_s = time.monotonic() - self.started
+        self.timer.cancel()
+        kill_quietly(self.pid, group=True)
+        self.server.sweep(self)
+        for capture in (self.stdout, self.stderr):
+            capture.read()
+        self.eof_timer = self.server.loop.call_later(EOF_GRACE_S, self.on_eof_grace)
+        self.check()
+
+    def on_eof_grace(self) -> None:
+        assert self.eof_timer is not None
+        self.eof_timer.cancelled = True
+        self.check()
+
+    def finish(self) -> None:
+        self.finished = True
+        assert self.exited is not None
+        wait_status, rusage = self.exited
+        loop = self.server.loop
+        if self.eof_timer is not None:
+            self.eof_timer.cancel()
+        for capture in (self.stdout, self.stderr):
+            loop.remove_reader(capture.fd)
+            os.close(capture.fd)
+        if self.stdin_w >= 0:
+            loop.remove_writer(self.stdin_w)
+            os.close(self.stdin_w)
+        try:
+            setup_error = os.read(self.status_r, 4096)
+        except BlockingIOError:
+            setup_error = b""
+        os.close(self.status_r)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        stdout = bytes(self.stdout.data)
+        stderr = bytes(self.stderr.data)
+        if setup_error:
+            status, exit_code, sig = "internal_error", None, None
+            stderr = b"sandbox setup failed: " + setup_error
+            log.error("run setup failed: %s", setup_error.decode("utf-8", "replace"))
+        else:
+            status, exit_code, sig = classify(
+                wait_status,
+                timed_out=self.timed_out,
+                output_exceeded=self.stdout.truncated or self.stderr.truncated,
+                stderr=stderr,
+            )
+        result = {
+            "status": status,
+            "exit_code": exit_code,
+            "signal": sig,
+            "stdout": stdout.decode("utf-8", "replace"),
+            "stderr": stderr.decode("utf-8", "replace"),
+            "stdout_truncated": self.stdout.truncated,
+            "stderr_truncated": self.stderr.truncated,
+            "wall_time_s": self.wall_time_s,
+            "cpu_time_s": rusage.ru_utime + rusage.ru_stime,
+        }
+        self.server.send({"id": self.call_id, "result": result})
+
+
+class ForkServer:
+    """The fork-server's state: control channel, runs in flight, children to reap."""
+
+    def __init__(
+        self,
+        ctl_in: int,
+        ctl_out: int,
+        config: dict[str, Any],
+        workroot: str,
+        drop_uid: bool,
+        mapped_bytes: int,
+    ) -> None:
+        self.mapped_bytes = mapped_bytes
+        self.ctl_in = ctl_in
+        self.ctl_out = ctl_out
+        self.settings: dict[str, Any] = config["settings"]
+        self.slot_uids: list[int] = config["slot_uids"]
+        self.workroot = workroot
+        self.drop_uid = drop_uid
+        self.runs: dict[int, Run] = {}
+        self.inbox = bytearray()
+        self.outbox = bytearray()
+        self.loop = Loop(self.reap)
+        os.set_blocking(ctl_in, False)
+        os.set_blocking(ctl_out, False)
+        self.loop.add_reader(ctl_in, self.on_control)
+
+    # -- control channel ------------------------------------------------------------------------
+
+    def on_control(self) -> None:
+        try:
+            chunk = os.read(self.ctl_in, 1 << 20)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self.shutdown()
+            return
+        self.inbox += chunk
+        while len(self.inbox) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self.inbox)
+            if len(self.inbox) < HEADER.size + length:
+                break
+            message = json.loads(self.inbox[HEADER.size : HEADER.size + length])
+            del self.inbox[: HEADER.size + length]
+            self.start(message)
+
+    def start(self, message: dict[str, Any]) -> None:
+        call_id = int(message["id"])
+        try:
+            Run(self, call_id, int(message["slot"]), message["request"])
+        except Exception as exc:
+            log.exception("could not start call %s", call_id)
+            self.send({"id": call_id, "result": {"status": "internal_error", "stderr": str(exc)}})
+
+    def send(self, message: dict[str, Any]) -> None:
+        body = json.dumps(message).encode()
+        self.outbox += HEADER.pack(len(body)) + body
+        self.flush()
+
+    def flush(self) -> None:
+        try:
+            while self.outbox:
+                written = os.write(self.ctl_out, self.outbox)
+                del self.outbox[:written]
+        except BlockingIOError:
+            self.loop.add_writer(self.ctl_out, self.flush)
+            return
+        except BrokenPipeError:
+            self.shutdown()
+            return
+        self.loop.remove_writer(self.ctl_out)
+
+    def shutdown(self) -> None:
+        """The pool went away: kill every run and stop."""
+        for run in list(self.runs.values()):
+            run.kill()
+        for uid in self.slot_uids if self.drop_uid else ():
+            kill_uid(uid)
+        self.loop.running = False
+
+    # -- children -------------------------------------------------------------------------------
+
+    def reap(self) -> None:
+        """Collect every exited child: runs get their status, adopted orphans are discarded."""
+        while True:
+            try:
+                pid, wait_status, rusage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            run = self.runs.pop(pid, None)
+            if run is not None:
+                run.on_exit(wait_status, rusage)
+
+    def orphans_of(self, run: Run) -> list[int]:
+        """Live adopted descendants (subreaper) that belong to ``run``'s slot."""
+        pid = os.getpid()
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as handle:
+                children = [int(p) for p in handle.read().split()]
+        except OSError:
+            return []
+        found = []
+        for child in children:
+            if child in self.runs:
+                continue
+            owner = _owner(child, by_uid=self.drop_uid)
+            if owner is None:
+                continue
+            if self.drop_uid:
+                mine = owner == self.slot_uids[run.slot]
+            else:
+                # Same uid for all runs: attribute by session; unattributable escapees go too.
+                mine = owner == run.pid or owner not in self.runs
+            if mine:
+                found.append(child)
+        return found
+
+    def sweep(self, run: Run) -> None:
+        """Kill everything the run started that outlived it (daemons, setsid escapees, bombs)."""
+        for _ in range(SWEEP_ROUNDS):
+            orphans = self.orphans_of(run)
+            if not orphans:
+                return
+            if self.drop_uid:
+                kill_uid(self.slot_uids[run.slot])
+            else:
+                for orphan in orphans:
+                    kill_quietly(orphan, group=True)
+                    kill_quietly(orphan)
+            time.sleep(0.001)
+            self.reap()
+        log.error("processes of call %s survived %d kill rounds", run.call_id, SWEEP_ROUNDS)
+
+
+def _owner(pid: int, *, by_uid: bool) -> int | None:
+    """Real uid (``by_uid``) or session id of a live process; None for zombies and the gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None
+    if not by_uid:
+        return int(fields[3])
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def kill_uid(uid: int) -> None:
+    """SIGKILL every process of ``uid`` (a short-lived helper that becomes ``uid`` to do it).
+
+    ``kill(-1)`` from a process of that uid reaches exactly the processes of that uid, including
+    ones that escaped the run's session; a pending SIGKILL also stops a fork in flight.
+    """
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            for _ in range(3):
+                os.kill(-1, signal.SIGKILL)
+        except BaseException:
+            pass
+        finally:
+            os._exit(0)
+    while True:
+        try:
+            os.waitpid(pid, 0)
+            return
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return
+
+
+def _read_frame(fd: int) -> bytes:
+    def read_exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = os.read(fd, n - len(data))
+            if not chunk:
+                raise EOFError("control pipe closed before the configuration arrived")
+            data += chunk
+        return data
+
+    (length,) = HEADER.unpack(read_exactly(HEADER.size))
+    return read_exactly(length)
+
+
+def _feature(result: Feature) -> dict[str, Any]:
+    return {"active": result[0], "detail": result[1]}
+
+
+def main() -> None:
+    """Configure, isolate and preload, then serve calls until the pool closes the pipe."""
+    logging.basicConfig(level=logging.INFO, format="forkserver %(process)d: %(message)s")
+    # The control pipe moves off fds 0/1 so nothing a preloaded module prints can corrupt it.
+    ctl_in, ctl_out = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    config = json.loads(_read_frame(ctl_in))
+    settings = config["settings"]
+    sys.path[:] = config["sys_path"]
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != config["parent_pid"]:
+        return
+
+    is_root = os.geteuid() == 0
+    isolate = bool(settings["isolate"])
+    drop_uid = isolate and is_root
+    reason = "" if drop_uid else ("disabled" if not isolate else "server is not root")
+    features = {
+        "unprivileged_uid": (drop_uid, reason),
+        "process_limit": (drop_uid, reason),
+        "subreaper": enable_subreaper(),
+        "rlimits": (True, ""),
+    }
+    if isolate:
+        features["network_namespace"] = enable_network_namespace()
+        features["private_tmp"] = enable_private_tmp(int(settings["tmp_size_mb"]))
+    else:
+        features["network_namespace"] = features["private_tmp"] = (False, "disabled")
+    if drop_uid:
+        exposed = expose_python() if features["private_tmp"][0] else (True, "")
+        readable = can_read_python_as(config["slot_uids"][0]) if exposed[0] else exposed
+        if not readable[0]:
+            # Runs that cannot import are useless: keep the server's uid and say why.
+            drop_uid = False
+            features["unprivileged_uid"] = features["process_limit"] = readable
+        elif exposed[1]:
+            features["unprivileged_uid"] = (True, exposed[1])
+    if features["private_tmp"][0]:
+        workroot = "/tmp"
+    else:
+        workroot = tempfile.mkdtemp(prefix="rstar2-sandbox-")
+        os.chmod(workroot, 0o711)
+    if drop_uid:
+        # Leftovers of an earlier fork-server that held these uids and died.
+        for uid in config["slot_uids"]:
+            kill_uid(uid)
+
+    # Before preloading (numeric libraries size their thread pools at import); runs inherit it.
+    os.environ.clear()
+    os.environ.update(minimal_environment())
+    preloaded, failed = [], {}
+    for name in settings["preload"]:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            failed[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            preloaded.append(name)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        # The first reseed imports and initialises its entropy source (~30 ms); do it once here
+        # instead of in every child.
+        numpy.random.seed()
+    # Objects that exist now are never collected: children then do not touch (copy) their pages.
+    gc.collect()
+    gc.freeze()
+
+    with open("/proc/self/statm") as statm:
+        mapped_bytes = int(statm.read().split()[0]) * resource.getpagesize()
+    server = ForkServer(ctl_in, ctl_out, config, workroot, drop_uid, mapped_bytes)
+    server.send(
+        {
+            "pid": os.getpid(),
+            "preloaded": preloaded,
+            "failed_preloads": failed,
+            "isolation": {name: _feature(value) for name, value in features.items()},
+        }
+    )
+    try:
+        server.loop.run()
+    finally:
+        if workroot != "/tmp":
+            shutil.rmtree(workroot, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except OSError as exc:
+        if exc.errno != errno.EPIPE:
+            raise

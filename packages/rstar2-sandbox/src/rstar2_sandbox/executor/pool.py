@@ -1,0 +1,296 @@
+"""``ExecutorPool``: fork-servers behind one async ``run``, with slot accounting and restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import struct
+import sys
+from types import TracebackType
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rstar2_sandbox.executor.child import THREAD_VARS
+from rstar2_sandbox.executor.settings import ExecutorSettings, ForkServerConfig
+from rstar2_sandbox.isolation import IsolationReport
+from rstar2_sandbox.models import RunRequest, RunResult, RunStatus
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct(">I")
+# A fork-server enforces every run's wall-clock limit itself; this only catches a stuck server.
+WATCHDOG_GRACE_S = 30.0
+START_TIMEOUT_S = 120.0
+
+
+class ForkServerInfo(BaseModel):
+    """What a fork-server reported when it became ready."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pid: int
+    preloaded: list[str]
+    failed_preloads: dict[str, str] = Field(default_factory=dict)
+    isolation: IsolationReport
+
+
+def _internal_error(message: str) -> RunResult:
+    return RunResult(status=RunStatus.INTERNAL_ERROR, stderr=message)
+
+
+def _frame(message: dict[str, Any]) -> bytes:
+    data = json.dumps(message).encode()
+    return HEADER.pack(len(data)) + data
+
+
+def _server_environment() -> dict[str, str]:
+    """The fork-server's whole environment: nothing secret, since runs could read it back."""
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    env.update(dict.fromkeys(THREAD_VARS, "1"))
+    return env
+
+
+class ForkServerProcess:
+    """One fork-server subprocess and the calls in flight on it."""
+
+    def __init__(self, index: int, slot_uids: list[int], settings: ExecutorSettings) -> None:
+        self.index = index
+        self.config = ForkServerConfig(
+            index=index,
+            slot_uids=slot_uids,
+            settings=settings,
+            sys_path=[p for p in sys.path if p],
+            parent_pid=os.getpid(),
+        )
+        self.process: asyncio.subprocess.Process | None = None
+        self.info: ForkServerInfo | None = None
+        self.pending: dict[int, asyncio.Future[RunResult]] = {}
+        self._ids = itertools.count()
+        self._reader: asyncio.Task[None] | None = None
+        self.ready = asyncio.Event()
+        self.restarts = 0
+
+    async def start(self) -> ForkServerInfo:
+        """Spawn the process, send its configuration and wait until it has preloaded."""
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "rstar2_sandbox.executor.forkserver",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=_server_environment(),
+            cwd="/",
+            # Own session: a Ctrl-C meant for the server does not hit the fork-servers directly.
+            start_new_session=True,
+        )
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.process.stdin.write(_frame(self.config.model_dump(mode="json")))
+        body = await asyncio.wait_for(self._read_frame(), START_TIMEOUT_S)
+        if body is None:
+            code = await self.process.wait()
+            raise RuntimeError(f"fork-server {self.index} exited with {code} during start")
+        self.info = ForkServerInfo.model_validate_json(body)
+        for name, error in self.info.failed_preloads.items():
+            log.warning("fork-server %d could not preload %s: %s", self.index, name, error)
+        self._reader = asyncio.create_task(self._read_results())
+        self.ready.set()
+        return self.info
+
+    async def _read_frame(self) -> bytes | None:
+        assert self.process is not None
+        assert self.process.stdout is not None
+        try:
+            header = await self.process.stdout.readexactly(HEADER.size)
+            (length,) = HEADER.unpack(header)
+            return await self.process.stdout.readexactly(length)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+
+    async def _read_results(self) -> None:
+        while (body := await self._read_frame()) is not None:
+            message = json.loads(body)
+            future = self.pending.pop(int(message["id"]), None)
+            if future is not None and not future.done():
+                future.set_result(RunResult.model_validate(message["result"]))
+        self.ready.clear()
+        for future in self.pending.values():
+            if not future.done():
+                future.set_result(_internal_error("the fork-server running this call died"))
+        self.pending.clear()
+
+    async def call(self, slot: int, request: RunRequest) -> RunResult:
+        """Run ``request`` in local slot ``slot`` (which the caller holds)."""
+        process = self.process
+        if process is None or process.stdin is None or not self.ready.is_set():
+            return _internal_error("fork-server is not running")
+        call_id = next(self._ids)
+        future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        self.pending[call_id] = future
+        message = {"id": call_id, "slot": slot, "request": request.model_dump()}
+        process.stdin.write(_frame(message))
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(future), request.timeout_s + WATCHDOG_GRACE_S
+            )
+        except TimeoutError:
+            log.error("fork-server %d stuck on call %d; restarting it", self.index, call_id)
+            self.kill()
+            return await future
+
+    def kill(self) -> None:
+        """Kill the process (its runs die with it: they hold a parent-death signal)."""
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+
+    async def stop(self) -> None:
+        """Close the control pipe (the fork-server kills its runs and exits), then wait."""
+        process = self.process
+        if process is None:
+            return
+        if process.stdin is not None:
+            process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), 10)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+        if self._reader is not None:
+            await self._reader
+
+
+class ExecutorPool:
+    """Runs requests on fork-servers (one per core by default), each run in its own slot.
+
+    A slot is a run in flight; with root, each slot has its own unprivileged uid, which makes
+    killing everything a run started exact. ``run`` waits for a free slot.
+    """
+
+    def __init__(self, settings: ExecutorSettings | None = None) -> None:
+        self.settings = settings or ExecutorSettings()
+        total = self.settings.total_slots
+        servers = min(self.settings.servers, total)
+        # Slot i lives on fork-server i % servers; a free-slot FIFO then spreads load evenly.
+        self._servers = [
+            ForkServerProcess(
+                index,
+                [self.settings.uid_base + slot for slot in range(index, total, servers)],
+                self.settings,
+            )
+            for index in range(servers)
+        ]
+        self._free: asyncio.Queue[tuple[int, int]] | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._closing = False
+        self.busy = 0
+
+    @property
+    def slots(self) -> int:
+        """Runs that can be in flight at once."""
+        return self.settings.total_slots
+
+    @property
+    def servers(self) -> int:
+        """Fork-servers in the pool."""
+        return len(self._servers)
+
+    @property
+    def isolation(self) -> IsolationReport:
+        """Which isolation features are active (in every fork-server)."""
+        return IsolationReport.merge([s.info.isolation for s in self._servers if s.info])
+
+    @property
+    def preloaded(self) -> list[str]:
+        """Modules every fork-server has imported."""
+        infos = [s.info for s in self._servers if s.info]
+        if not infos:
+            return []
+        return [m for m in infos[0].preloaded if all(m in i.preloaded for i in infos)]
+
+    @property
+    def restarts(self) -> int:
+        """Fork-servers restarted after dying."""
+        return sum(s.restarts for s in self._servers)
+
+    async def start(self) -> None:
+        """Start every fork-server and wait until all are ready."""
+        self._free = asyncio.Queue()
+        total = self.settings.total_slots
+        for slot in range(total):
+            self._free.put_nowait((slot % len(self._servers), slot // len(self._servers)))
+        try:
+            await asyncio.gather(*(s.start() for s in self._servers))
+        except BaseException:
+            await self.close()
+            raise
+        self._supervisor = asyncio.create_task(self._supervise())
+        log.info(
+            "executor pool: %d fork-servers, %d slots, preloaded %s",
+            len(self._servers),
+            total,
+            self.preloaded,
+        )
+
+    async def _supervise(self) -> None:
+        """Restart any fork-server that dies."""
+        while not self._closing:
+            for server in self._servers:
+                process = server.process
+                if process is not None and process.returncode is not None and not self._closing:
+                    code = process.returncode
+                    log.error("fork-server %d exited with %s; restarting", server.index, code)
+                    if server._reader is not None:
+                        await server._reader
+                    server.restarts += 1
+                    try:
+                        await server.start()
+                    except Exception:
+                        log.exception("restarting fork-server %d failed", server.index)
+            await asyncio.sleep(0.2)
+
+    async def run(self, request: RunRequest) -> RunResult:
+        """Run one request in the next free slot."""
+        if self._free is None or self._closing:
+            raise RuntimeError("ExecutorPool is not started (use start() or `async with`)")
+        server_index, slot = await self._free.get()
+        self.busy += 1
+        try:
+            server = self._servers[server_index]
+            if not server.ready.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(server.ready.wait(), START_TIMEOUT_S)
+            return await server.call(slot, request)
+        finally:
+            self.busy -= 1
+            self._free.put_nowait((server_index, slot))
+
+    async def close(self) -> None:
+        """Stop every fork-server; their runs are killed."""
+        self._closing = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        await asyncio.gather(*(s.stop() for s in self._servers), return_exceptions=True)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

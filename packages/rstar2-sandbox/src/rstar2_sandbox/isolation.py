@@ -1,0 +1,52 @@
+"""The report of which isolation mechanisms are in force (served by /healthz and /v1/info)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class IsolationFeature(BaseModel):
+    """One isolation mechanism: whether it is in force, and why not when it is not."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    active: bool
+    detail: str = ""
+
+
+class IsolationReport(BaseModel):
+    """Which isolation mechanisms protect each run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    unprivileged_uid: IsolationFeature = Field(
+        description="Runs switch to a per-slot unprivileged uid/gid (needs root)."
+    )
+    process_limit: IsolationFeature = Field(
+        description="RLIMIT_NPROC bounds processes per run (needs the per-slot uid)."
+    )
+    network_namespace: IsolationFeature = Field(
+        description="Runs see a network namespace without usable interfaces."
+    )
+    private_tmp: IsolationFeature = Field(
+        description="Shared writable directories are hidden behind private, root-owned tmpfs."
+    )
+    subreaper: IsolationFeature = Field(
+        description="Orphaned descendants re-parent to the fork-server, which kills and reaps them."
+    )
+    rlimits: IsolationFeature = Field(
+        description="CPU time, address space, file size, open files and core dump limits."
+    )
+
+    @classmethod
+    def merge(cls, reports: list[IsolationReport]) -> IsolationReport:
+        """One report for several fork-servers: a feature is active only where active in all."""
+        merged: dict[str, IsolationFeature] = {}
+        for name in cls.model_fields:
+            features = [getattr(r, name) for r in reports]
+            details = sorted({f.detail for f in features if f.detail})
+            merged[name] = IsolationFeature(
+                active=bool(features) and all(f.active for f in features),
+                detail="; ".join(details) if features else "no fork-server running",
+            )
+        return cls.model_validate(merged)
