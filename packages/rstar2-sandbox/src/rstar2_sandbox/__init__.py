@@ -13,6 +13,10 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rstar2_sandbox.dispatch import Dispatcher as Dispatcher
+    from rstar2_sandbox.dispatch import DispatcherStats as DispatcherStats
+    from rstar2_sandbox.dispatch import LocalDispatcher as LocalDispatcher
+    from rstar2_sandbox.dispatch import QueueFullError as QueueFullError
     from rstar2_sandbox.executor.pool import ExecutorPool as ExecutorPool
     from rstar2_sandbox.executor.settings import ExecutorSettings as ExecutorSettings
     from rstar2_sandbox.isolation import IsolationFeature as IsolationFeature
@@ -26,6 +30,10 @@ if TYPE_CHECKING:
     __version__: str
 
 _EXPORTS = {
+    "Dispatcher": "rstar2_sandbox.dispatch",
+    "DispatcherStats": "rstar2_sandbox.dispatch",
+    "LocalDispatcher": "rstar2_sandbox.dispatch",
+    "QueueFullError": "rstar2_sandbox.dispatch",
     "ExecutorPool": "rstar2_sandbox.executor.pool",
     "ExecutorSettings": "rstar2_sandbox.executor.settings",
     "IsolationFeature": "rstar2_sandbox.isolation",
