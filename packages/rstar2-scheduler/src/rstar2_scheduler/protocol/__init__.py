@@ -1,0 +1,59 @@
+"""The agent protocol: chat template, tool calls, tool responses and append-only conversations."""
+
+from rstar2_scheduler.protocol.answers import count_answer_tags
+from rstar2_scheduler.protocol.chat import ChatConfig, ChatProtocol, Message, TemplateError
+from rstar2_scheduler.protocol.conversation import Conversation, Glue
+from rstar2_scheduler.protocol.prefix import check_prefix_preserving
+from rstar2_scheduler.protocol.template import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    CHAT_TEMPLATE,
+    REASON_CLOSE,
+    REASON_OPEN,
+    SPECIAL_TOKENS,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    TOOL_RESPONSE_CLOSE,
+    TOOL_RESPONSE_OPEN,
+    TURN_END,
+    TURN_START,
+    install_chat_template,
+    user_prompt,
+)
+from rstar2_scheduler.protocol.tool_calls import ParsedTurn, ToolCall, ToolCallParser
+from rstar2_scheduler.protocol.tool_response import (
+    DEFAULT_TOOL_OUTPUT_CHARS,
+    ToolOutputFormatter,
+    truncate_middle,
+)
+
+__all__ = [
+    "ANSWER_CLOSE",
+    "ANSWER_OPEN",
+    "CHAT_TEMPLATE",
+    "DEFAULT_TOOL_OUTPUT_CHARS",
+    "REASON_CLOSE",
+    "REASON_OPEN",
+    "SPECIAL_TOKENS",
+    "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
+    "TOOL_RESPONSE_CLOSE",
+    "TOOL_RESPONSE_OPEN",
+    "TURN_END",
+    "TURN_START",
+    "ChatConfig",
+    "ChatProtocol",
+    "Conversation",
+    "Glue",
+    "Message",
+    "ParsedTurn",
+    "TemplateError",
+    "ToolCall",
+    "ToolCallParser",
+    "ToolOutputFormatter",
+    "check_prefix_preserving",
+    "count_answer_tags",
+    "install_chat_template",
+    "truncate_middle",
+    "user_prompt",
+]

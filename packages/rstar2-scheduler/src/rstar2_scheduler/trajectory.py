@@ -1,0 +1,133 @@
+"""Rollout records: one trajectory of token ids with its mask, log-probs and turn records."""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rstar2_sandbox.models import RunStatus
+from rstar2_scheduler.engine import FinishReason
+from rstar2_scheduler.protocol.tool_calls import ToolCall
+
+StopReason = Literal["no_tool_call", "end_of_sequence", "max_turns", "budget", "engine_error"]
+"""Why a rollout ended: a turn without a tool call; the model emitted end-of-sequence instead of
+end-of-turn; the last allowed turn called a tool; the response budget ran out (the turn hit it, or
+the next tool response would not fit); the engine failed or aborted the request."""
+
+# Sandbox statuses that Resample-on-Correct counts under "other_errors".
+_OTHER_FAILURES = frozenset(
+    {RunStatus.MEMORY_EXCEEDED, RunStatus.OUTPUT_LIMIT_EXCEEDED, RunStatus.INTERNAL_ERROR}
+)
+
+
+class TurnRecord(BaseModel):
+    """One assistant turn: what the model generated and what its tool call did."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: int = Field(ge=0)
+    text: str = Field(description="The model's text of this turn (end-of-turn token excluded).")
+    model_tokens: int = Field(ge=0, description="Tokens the model generated (loss mask 1).")
+    glue_tokens: int = Field(
+        default=0, ge=0, description="Tool-response and template tokens appended after (mask 0)."
+    )
+    finish_reason: FinishReason
+    generation_s: float = Field(ge=0, description="Wall time of the engine request.")
+    tool_call: ToolCall | None = Field(default=None, description="The first call, when parsed.")
+    parse_error: str | None = Field(default=None, description="Why the tool call did not parse.")
+    ignored_tool_calls: int = Field(default=0, ge=0, description="Calls after the first.")
+    answered: bool = Field(
+        default=False, description="The call was executed or its parse error reported."
+    )
+    executed: bool = Field(default=False, description="The call ran in the sandbox.")
+    sandbox_status: RunStatus | None = None
+    tool_latency_s: float | None = Field(default=None, ge=0, description="Sandbox round trip.")
+    tool_response: str | None = Field(
+        default=None, description="The text shown to the model (None when not shown)."
+    )
+
+
+class TrajectoryQuality(BaseModel):
+    """What Resample-on-Correct reads of a trajectory (field names match rstar2-algo's).
+
+    A tool call counts when it was answered: executed in the sandbox, or rejected with a parse
+    error. A call in the last allowed turn is never answered and is not counted; a call whose
+    response did not fit the budget was answered and counts.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool_calls: int = Field(ge=0)
+    parse_errors: int = Field(ge=0)
+    runtime_errors: int = Field(ge=0)
+    timeouts: int = Field(ge=0)
+    other_errors: int = Field(ge=0, description="Memory, output limit, sandbox failures.")
+    answer_tags: int = Field(ge=0, description="<answer> blocks the model opened.")
+    turns: int = Field(ge=0)
+    truncated: bool = Field(description="Ended without a final turn (budget, max turns, error).")
+
+    @classmethod
+    def of(cls, turns: list[TurnRecord], *, answer_tags: int, stop_reason: StopReason) -> Self:
+        """Count a trajectory's tool calls and failures by kind."""
+        statuses = [turn.sandbox_status for turn in turns if turn.executed]
+        parse_errors = sum(turn.answered and turn.parse_error is not None for turn in turns)
+        return cls(
+            tool_calls=sum(turn.answered for turn in turns),
+            parse_errors=parse_errors,
+            runtime_errors=statuses.count(RunStatus.RUNTIME_ERROR),
+            timeouts=statuses.count(RunStatus.TIMEOUT),
+            other_errors=sum(status in _OTHER_FAILURES for status in statuses),
+            answer_tags=answer_tags,
+            turns=len(turns),
+            truncated=stop_reason not in ("no_tool_call", "end_of_sequence"),
+        )
+
+    def as_dict(self) -> dict[str, int | bool]:
+        """Keyword arguments for rstar2-algo's ``TrajectoryQuality``."""
+        return self.model_dump()
+
+
+class Trajectory(BaseModel):
+    """One rollout: prompt ids, append-only response ids, mask, log-probs and turn records.
+
+    ``response_ids``, ``loss_mask`` and ``logprobs`` align token by token. Model tokens have mask
+    1 and the engine's sampling log-prob; tool responses and template glue have mask 0 and 0.0.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rollout_id: str
+    problem_id: str
+    engine: str = Field(description="Name of the engine that generated every turn.")
+    prompt_ids: list[int] = Field(min_length=1)
+    response_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    turns: list[TurnRecord]
+    stop_reason: StopReason
+    error: str | None = Field(default=None, description="Engine error, when stop is engine_error.")
+    quality: TrajectoryQuality
+    response_text: str = Field(description="Decoded response, tool responses included.")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Self:
+        lengths = {len(self.response_ids), len(self.loss_mask), len(self.logprobs)}
+        if len(lengths) != 1:
+            raise ValueError(
+                "response_ids, loss_mask and logprobs must have one entry per response token; got "
+                f"{len(self.response_ids)}, {len(self.loss_mask)}, {len(self.logprobs)}"
+            )
+        if any(bit not in (0, 1) for bit in self.loss_mask):
+            raise ValueError("loss_mask entries must be 0 or 1")
+        return self
+
+    @property
+    def input_ids(self) -> list[int]:
+        """Prompt followed by response: the sequence the trainer scores."""
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def truncated(self) -> bool:
+        """Ended without a final turn; RL gives such a rollout reward 0."""
+        return self.quality.truncated
