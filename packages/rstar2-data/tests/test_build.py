@@ -11,9 +11,8 @@ from rstar2_data.build import Manifest, build, load_built
 from rstar2_data.demo import demo_problems
 from rstar2_data.recipe import RecipeError, load_recipe, parse_recipe, shipped_recipes
 
-BENCHMARKS = Path("/work/shared/data/benchmarks")
-if not BENCHMARKS.is_dir():  # the tests also run from a checkout next to shared/
-    BENCHMARKS = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "benchmarks"
+# The benchmark copies live in shared/data/benchmarks beside the monorepo checkout.
+BENCHMARKS = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "benchmarks"
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:

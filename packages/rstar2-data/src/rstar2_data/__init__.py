@@ -7,6 +7,10 @@ definition shared by data and rollouts, and the synthetic demo task.
 from importlib.metadata import version
 
 from rstar2_data.answers import normalize_integer, unwrap_boxed
+from rstar2_data.build import BuildError, Manifest, build, load_built, read_manifest
+from rstar2_data.converters import CONVERTERS, Converter, RowError, get_converter
+from rstar2_data.filters import Filter, FilterReport
+from rstar2_data.recipe import Recipe, RecipeError, load_recipe, parse_recipe, shipped_recipes
 from rstar2_data.schemas import (
     AnswerKind,
     ChatExample,
@@ -28,21 +32,37 @@ from rstar2_data.tools import (
 __version__ = version("rstar2-data")
 
 __all__ = [
+    "CONVERTERS",
     "DEFAULT_VOCAB_SIZE",
     "PYTHON_TOOL_NAME",
     "RELEASE_PYTHON_TOOL_NAME",
     "AnswerKind",
+    "BuildError",
     "ChatExample",
     "ChatMessage",
+    "Converter",
+    "Filter",
+    "FilterReport",
     "FunctionCall",
     "GradedSample",
+    "Manifest",
     "MathProblem",
+    "Recipe",
+    "RecipeError",
     "Role",
+    "RowError",
     "ToolCall",
     "__version__",
+    "build",
     "build_tokenizer",
+    "get_converter",
+    "load_built",
+    "load_recipe",
     "normalize_integer",
+    "parse_recipe",
     "python_tool_arguments",
     "python_tool_schema",
+    "read_manifest",
+    "shipped_recipes",
     "unwrap_boxed",
 ]
