@@ -13,6 +13,11 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rstar2_sandbox.app import create_app as create_app
+    from rstar2_sandbox.client import SandboxClient as SandboxClient
+    from rstar2_sandbox.client import SandboxClientError as SandboxClientError
+    from rstar2_sandbox.client import SandboxUnavailableError as SandboxUnavailableError
+    from rstar2_sandbox.client import SyncSandboxClient as SyncSandboxClient
     from rstar2_sandbox.dispatch import Dispatcher as Dispatcher
     from rstar2_sandbox.dispatch import DispatcherStats as DispatcherStats
     from rstar2_sandbox.dispatch import LocalDispatcher as LocalDispatcher
@@ -22,14 +27,25 @@ if TYPE_CHECKING:
     from rstar2_sandbox.isolation import IsolationFeature as IsolationFeature
     from rstar2_sandbox.isolation import IsolationReport as IsolationReport
     from rstar2_sandbox.local import LocalSandbox as LocalSandbox
+    from rstar2_sandbox.models import BatchRequest as BatchRequest
+    from rstar2_sandbox.models import BatchResponse as BatchResponse
     from rstar2_sandbox.models import RunRequest as RunRequest
     from rstar2_sandbox.models import RunResult as RunResult
     from rstar2_sandbox.models import RunStatus as RunStatus
     from rstar2_sandbox.protocol import Sandbox as Sandbox
+    from rstar2_sandbox.settings import ServerSettings as ServerSettings
 
     __version__: str
 
 _EXPORTS = {
+    "create_app": "rstar2_sandbox.app",
+    "SandboxClient": "rstar2_sandbox.client",
+    "SandboxClientError": "rstar2_sandbox.client",
+    "SandboxUnavailableError": "rstar2_sandbox.client",
+    "SyncSandboxClient": "rstar2_sandbox.client",
+    "BatchRequest": "rstar2_sandbox.models",
+    "BatchResponse": "rstar2_sandbox.models",
+    "ServerSettings": "rstar2_sandbox.settings",
     "Dispatcher": "rstar2_sandbox.dispatch",
     "DispatcherStats": "rstar2_sandbox.dispatch",
     "LocalDispatcher": "rstar2_sandbox.dispatch",

@@ -69,3 +69,19 @@ class RunResult(BaseModel):
     def ok(self) -> bool:
         """True when the code ran to completion without error."""
         return self.status is RunStatus.SUCCESS
+
+
+class BatchRequest(BaseModel):
+    """Body of ``POST /v1/run/batch``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: list[RunRequest] = Field(description="Calls to run; results keep this order.")
+
+
+class BatchResponse(BaseModel):
+    """Response of ``POST /v1/run/batch``: one result per request, in request order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    results: list[RunResult]

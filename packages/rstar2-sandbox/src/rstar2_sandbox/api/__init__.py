@@ -1,0 +1,1 @@
+"""HTTP endpoints: native (/v1), Code Judge compatible and SandboxFusion compatible."""

@@ -1,0 +1,140 @@
+"""Code Judge compatible endpoints (what rStar2-Agent's tool client talks to).
+
+``POST /run`` takes one submission, ``/run/batch`` and ``/run/long-batch`` take
+``{"type": "batch", "submissions": [...]}``; ``GET /ping`` answers liveness. Fields a Code Judge
+client may send that this service does not use are accepted and ignored, so existing clients work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from rstar2_sandbox.api.common import SETTINGS, check_batch, execute, parse_body
+from rstar2_sandbox.dispatch import QueueFullError
+from rstar2_sandbox.models import MAX_CODE_BYTES, MAX_STDIN_BYTES, RunRequest, RunResult, RunStatus
+
+routes = web.RouteTableDef()
+
+Reason = Literal["", "internal_error", "worker_timeout", "queue_timeout", "invalid_input"]
+
+
+class Submission(BaseModel):
+    """One Code Judge submission."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["python"] = Field(description="Language; only 'python' is supported.")
+    solution: str = Field(max_length=MAX_CODE_BYTES, description="Python source.")
+    input: str | None = Field(default=None, max_length=MAX_STDIN_BYTES, description="Stdin.")
+    expected_output: str | None = Field(
+        default=None, description="When given, success also needs stdout to match (stripped)."
+    )
+    sub_id: str | int | None = Field(default=None, description="Caller's id, echoed back.")
+
+
+class BatchSubmission(BaseModel):
+    """A Code Judge batch."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["batch"] = "batch"
+    submissions: list[Submission]
+
+
+class JudgeResult(BaseModel):
+    """One Code Judge result."""
+
+    sub_id: str | int
+    success: bool
+    run_success: bool
+    cost: float
+    stdout: str
+    stderr: str
+    reason: Reason
+
+
+class BatchResult(BaseModel):
+    """A Code Judge batch response."""
+
+    sub_id: str
+    results: list[JudgeResult]
+
+
+def _judge(submission: Submission, result: RunResult | None) -> JudgeResult:
+    """Code Judge's view of a result (``None``: the queue refused the call)."""
+    sub_id = submission.sub_id if submission.sub_id is not None else uuid.uuid4().hex
+    if result is None:
+        return JudgeResult(
+            sub_id=sub_id,
+            success=False,
+            run_success=False,
+            cost=0.0,
+            stdout="",
+            stderr="",
+            reason="queue_timeout",
+        )
+    reason: Reason = ""
+    if result.status is RunStatus.TIMEOUT:
+        reason = "worker_timeout"
+    elif result.status is RunStatus.INTERNAL_ERROR:
+        reason = "internal_error"
+    run_success = result.ok
+    success = run_success and (
+        submission.expected_output is None
+        or result.stdout.strip() == submission.expected_output.strip()
+    )
+    return JudgeResult(
+        sub_id=sub_id,
+        success=success,
+        run_success=run_success,
+        cost=result.wall_time_s,
+        stdout=result.stdout,
+        stderr=result.stderr,
+        reason=reason,
+    )
+
+
+async def _run(app: web.Application, submission: Submission) -> JudgeResult:
+    request = RunRequest(
+        code=submission.solution,
+        stdin=submission.input or "",
+        timeout_s=app[SETTINGS].compat_timeout_s,
+    )
+    try:
+        result: RunResult | None = await execute(app, request, "codejudge")
+    except QueueFullError:
+        result = None
+    return _judge(submission, result)
+
+
+def _json(model: BaseModel) -> web.Response:
+    return web.Response(text=model.model_dump_json(), content_type="application/json")
+
+
+@routes.get("/ping")
+async def ping(request: web.Request) -> web.Response:
+    """Liveness, as Code Judge answers it."""
+    return web.json_response({"status": "ok"})
+
+
+@routes.post("/run")
+async def run(request: web.Request) -> web.Response:
+    """Run one submission."""
+    submission = await parse_body(request, Submission)
+    return _json(await _run(request.app, submission))
+
+
+async def _batch(request: web.Request) -> web.Response:
+    batch = await parse_body(request, BatchSubmission)
+    check_batch(request.app, len(batch.submissions), "submissions")
+    results = await asyncio.gather(*(_run(request.app, s) for s in batch.submissions))
+    return _json(BatchResult(sub_id=uuid.uuid4().hex, results=list(results)))
+
+
+routes.post("/run/batch")(_batch)
+routes.post("/run/long-batch")(_batch)

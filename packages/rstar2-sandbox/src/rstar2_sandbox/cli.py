@@ -1,0 +1,89 @@
+"""``rstar2-sandbox``: serve the execution service, or benchmark one."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from rstar2_sandbox.executor.settings import ExecutorSettings, default_preload, default_servers
+
+app = typer.Typer(
+    help="Isolated, high-throughput execution of untrusted Python.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.callback()
+def cli() -> None:
+    """Isolated, high-throughput execution of untrusted Python: serve it, or benchmark it."""
+
+
+def _preload_list(value: str | None) -> list[str]:
+    if value is None:
+        return default_preload()
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8080,
+    servers: Annotated[
+        int | None, typer.Option(help="Fork-servers to run (default: one per usable core).")
+    ] = None,
+    slots: Annotated[
+        int | None,
+        typer.Option(help="Calls running at once over all fork-servers (default: 2 per server)."),
+    ] = None,
+    preload: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated modules every fork-server imports up front "
+            "(default: whichever of numpy, sympy, scipy are installed; '' for none)."
+        ),
+    ] = None,
+    isolate: Annotated[
+        bool,
+        typer.Option(
+            help="Use per-slot uids, network and mount namespaces where the kernel permits "
+            "(/healthz reports which are active)."
+        ),
+    ] = True,
+    max_queue: Annotated[
+        int, typer.Option(help="Calls allowed to wait for a slot; beyond it: 503 + Retry-After.")
+    ] = 16384,
+    max_batch: Annotated[int, typer.Option(help="Most calls in one batch request.")] = 4096,
+    log_level: Annotated[str, typer.Option(help="Logging level (DEBUG, INFO, WARNING...).")] = (
+        "INFO"
+    ),
+) -> None:
+    """Run the HTTP service on this machine: native, Code Judge and SandboxFusion APIs."""
+    from aiohttp import web
+
+    from rstar2_sandbox.app import create_app
+    from rstar2_sandbox.dispatch import LocalDispatcher
+    from rstar2_sandbox.settings import ServerSettings
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
+    executor = ExecutorSettings(
+        servers=servers or default_servers(),
+        slots=slots,
+        preload=_preload_list(preload),
+        isolate=isolate,
+    )
+    settings = ServerSettings(host=host, port=port, max_queue=max_queue, max_batch=max_batch)
+    dispatcher = LocalDispatcher(executor, max_queue=max_queue)
+    announce = logging.getLogger("rstar2_sandbox.serve").info
+    web.run_app(create_app(dispatcher, settings), host=host, port=port, print=announce)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

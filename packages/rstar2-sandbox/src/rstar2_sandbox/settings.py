@@ -1,0 +1,30 @@
+"""Settings of the HTTP service (``rstar2-sandbox serve``)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rstar2_sandbox.dispatch import DEFAULT_MAX_QUEUE
+from rstar2_sandbox.models import DEFAULT_TIMEOUT_S
+
+
+class ServerSettings(BaseModel):
+    """Limits and defaults of the HTTP front end."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    port: int = Field(default=8080, ge=0, le=65535, description="TCP port (0: any free port).")
+    max_queue: int = Field(
+        default=DEFAULT_MAX_QUEUE, ge=0, description="Calls waiting for a slot before 503."
+    )
+    max_batch: int = Field(default=4096, ge=1, description="Most calls in one batch request.")
+    max_body_bytes: int = Field(
+        default=256 << 20, ge=1 << 16, description="Largest request body accepted."
+    )
+    compat_timeout_s: float = Field(
+        default=DEFAULT_TIMEOUT_S,
+        gt=0,
+        le=300,
+        description="Wall-clock limit for Code Judge calls, which carry none.",
+    )
