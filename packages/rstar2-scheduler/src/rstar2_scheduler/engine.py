@@ -49,6 +49,13 @@ class GenerationResult(BaseModel):
     finish_reason: FinishReason
     error: str | None = Field(default=None, description="Set when finish_reason is 'error'.")
 
+    @classmethod
+    def failed(cls, request_id: str, error: str) -> Self:
+        """A request that generated nothing because of ``error``."""
+        return cls(
+            request_id=request_id, token_ids=(), logprobs=(), finish_reason="error", error=error
+        )
+
 
 class KVStats(BaseModel):
     """A snapshot of an engine's KV cache and queue, from the engine's own statistics."""

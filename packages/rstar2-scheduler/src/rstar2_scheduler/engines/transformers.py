@@ -148,13 +148,7 @@ class TransformersEngine(Engine):
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         problem = self._reject_reason(request)
         if problem is not None:
-            return GenerationResult(
-                request_id=request.request_id,
-                token_ids=(),
-                logprobs=(),
-                finish_reason="error",
-                error=problem,
-            )
+            return GenerationResult.failed(request.request_id, problem)
         await self.start()
         assert self._wakeup is not None  # set by start()
         seed = request.sampling.seed
