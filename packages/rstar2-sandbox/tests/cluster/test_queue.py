@@ -65,18 +65,19 @@ async def test_batches_are_at_most_count(client: Redis, settings: ClusterSetting
     assert await queue.read_new("w1", count=3, block_s=0.05) == []
 
 
-async def test_full_queue_refuses_and_frees_up_when_calls_finish(
+async def test_full_queue_refuses_until_calls_are_taken(
     client: Redis, settings: ClusterSettings
 ) -> None:
     queue = await make_queue(client, settings.model_copy(update={"max_queue": 3}))
     assert [await queue.enqueue(task(n)) for n in range(4)] == [True, True, True, False]
-    # Running calls still count against the bound: only finished ones free a place.
+    # A call handed to a worker no longer waits: it frees a place.
     (delivery,) = await queue.read_new("w1", count=1, block_s=0.1)
-    assert not await queue.enqueue(task(5))
-    await queue.complete(delivery.entry_id, "r0", "fe", result(0))
     assert await queue.enqueue(task(5))
+    assert not await queue.enqueue(task(6))
     stats = await queue.stats()
-    assert (stats.queue_depth, stats.in_flight) == (3, 0)
+    assert (stats.queue_depth, stats.in_flight) == (3, 1)
+    await queue.complete(delivery.entry_id, "r0", "fe", result(0))
+    assert not await queue.enqueue(task(6))
 
 
 async def test_stale_call_is_claimed_only_after_the_lease(
@@ -164,13 +165,16 @@ async def test_front_end_liveness(client: Redis, settings: ClusterSettings) -> N
 
 async def test_worker_count_follows_heartbeats(client: Redis, settings: ClusterSettings) -> None:
     queue = await make_queue(client, settings)
-    await queue.heartbeat("w1")
-    await queue.heartbeat("w2")
-    assert (await queue.stats()).workers == 2
+    await queue.heartbeat("w1", 4)
+    await queue.heartbeat("w2", 8)
+    stats = await queue.stats()
+    assert (stats.workers, stats.slots) == (2, 12)
     await queue.deregister("w1")
-    assert (await queue.stats()).workers == 1
+    stats = await queue.stats()
+    assert (stats.workers, stats.slots) == (1, 8)
     await asyncio.sleep(settings.lease_s + 0.1)
-    assert (await queue.stats()).workers == 0
+    stats = await queue.stats()
+    assert (stats.workers, stats.slots) == (0, 0)
 
 
 async def test_deregister_keeps_a_consumer_that_still_holds_calls(

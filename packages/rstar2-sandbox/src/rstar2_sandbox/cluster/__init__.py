@@ -13,8 +13,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "pip install 'rstar2-sandbox[cluster]'"
     ) from exc
 
+from rstar2_sandbox.cluster.dispatcher import RedisDispatcher
 from rstar2_sandbox.cluster.messages import Delivery, ResultMessage, TaskMessage
-from rstar2_sandbox.cluster.queue import ClusterQueue, QueueStats
+from rstar2_sandbox.cluster.queue import ClusterQueue, QueueStats, connect
 from rstar2_sandbox.cluster.settings import ClusterSettings
 from rstar2_sandbox.cluster.worker import ClusterWorker, WorkerCounters
 
@@ -24,7 +25,9 @@ __all__ = [
     "ClusterWorker",
     "Delivery",
     "QueueStats",
+    "RedisDispatcher",
     "ResultMessage",
     "TaskMessage",
     "WorkerCounters",
+    "connect",
 ]

@@ -31,11 +31,12 @@ logger = logging.getLogger(__name__)
 
 GROUP = "workers"
 
-# Refuses the call when the stream already holds max_queue entries (waiting + running): the bound
-# and the append are one atomic step, so concurrent front ends cannot overshoot it together.
+# Refuses the call when max_queue calls already wait (queued, not yet handed to a worker): the
+# bound and the append are one atomic step, so concurrent front ends cannot overshoot it together.
 _ENQUEUE = """
-if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return false end
-return redis.call('XADD', KEYS[1], '*', 'id', ARGV[2], 'reply', ARGV[3], 'request', ARGV[4])
+local held = redis.call('XPENDING', KEYS[1], ARGV[1])[1]
+if redis.call('XLEN', KEYS[1]) - held >= tonumber(ARGV[2]) then return false end
+return redis.call('XADD', KEYS[1], '*', 'id', ARGV[3], 'reply', ARGV[4], 'request', ARGV[5])
 """
 
 # First writer wins: only the call's first result reaches its front end. The entry is removed
@@ -58,14 +59,25 @@ _HEARTBEAT = """
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 redis.call('ZADD', KEYS[1], ms + tonumber(ARGV[2]), ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms - 3600000)
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ms - 3600000)
+for _, id in ipairs(dead) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id)
+end
 return ms
 """
 
+# Live workers and their slots, summed.
 _COUNT_ALIVE = """
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-return redis.call('ZCOUNT', KEYS[1], ms, '+inf')
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], ms, '+inf')
+local slots = 0
+for _, id in ipairs(live) do
+  slots = slots + (tonumber(redis.call('HGET', KEYS[2], id)) or 0)
+end
+return {#live, slots}
 """
 
 
@@ -79,6 +91,8 @@ class QueueStats:
     """Calls handed to a worker and not yet done."""
     workers: int
     """Workers whose last heartbeat is younger than their lease."""
+    slots: int
+    """Calls those workers can run at once."""
 
 
 def connect(url: str, max_connections: int = 64) -> Redis[str]:
@@ -106,6 +120,7 @@ class ClusterQueue:
         prefix = settings.key_prefix
         self.stream = f"{prefix}:tasks"
         self.workers_key = f"{prefix}:workers"
+        self.slots_key = f"{prefix}:worker_slots"
         self._prefix = prefix
         self._enqueue = redis.register_script(_ENQUEUE)
         self._complete = redis.register_script(_COMPLETE)
@@ -132,11 +147,11 @@ class ClusterQueue:
     # --- front end side ---------------------------------------------------------------------
 
     async def enqueue(self, task: TaskMessage) -> bool:
-        """Append a call; False when the queue already holds ``max_queue`` calls."""
+        """Append a call; False when ``max_queue`` calls already wait for a worker."""
         fields = task.to_fields()
         entry = await self._enqueue(
             keys=[self.stream],
-            args=[self.settings.max_queue, fields["id"], fields["reply"], fields["request"]],
+            args=[GROUP, self.settings.max_queue, fields["id"], fields["reply"], fields["request"]],
         )
         return entry is not None
 
@@ -170,10 +185,13 @@ class ClusterQueue:
             pipe.xlen(self.stream)
             pipe.xpending(self.stream, GROUP)
             queued, pending = await pipe.execute()
-        workers = await self._count_alive(keys=[self.workers_key])
+        workers, slots = await self._count_alive(keys=[self.workers_key, self.slots_key])
         running = int(pending["pending"])
         return QueueStats(
-            queue_depth=max(0, int(queued) - running), in_flight=running, workers=int(workers)
+            queue_depth=max(0, int(queued) - running),
+            in_flight=running,
+            workers=int(workers),
+            slots=int(slots),
         )
 
     # --- worker side ------------------------------------------------------------------------
@@ -266,13 +284,17 @@ class ClusterQueue:
         flags = await self.redis.mget([self.frontend_key(fid) for fid in ordered])
         return {fid for fid, flag in zip(ordered, flags, strict=True) if flag is not None}
 
-    async def heartbeat(self, worker_id: str) -> None:
-        """Record that a worker is alive (and prune long-dead ones)."""
-        await self._heartbeat(keys=[self.workers_key], args=[worker_id, _ms(self.settings.lease_s)])
+    async def heartbeat(self, worker_id: str, slots: int) -> None:
+        """Record that a worker with ``slots`` is alive (and forget long-dead ones)."""
+        await self._heartbeat(
+            keys=[self.workers_key, self.slots_key],
+            args=[worker_id, _ms(self.settings.lease_s), slots],
+        )
 
     async def deregister(self, worker_id: str) -> None:
         """Remove a stopping worker from the count, and its consumer once it holds nothing."""
         await self.redis.zrem(self.workers_key, worker_id)
+        await self.redis.hdel(self.slots_key, worker_id)
         held = await self.redis.xpending_range(
             self.stream, GROUP, min="-", max="+", count=1, consumername=worker_id
         )

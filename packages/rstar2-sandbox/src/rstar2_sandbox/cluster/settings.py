@@ -18,7 +18,7 @@ class ClusterSettings(BaseModel):
     max_queue: int = Field(
         default=10_000,
         gt=0,
-        description="Calls that may be outstanding (waiting or running); more get 503.",
+        description="Calls that may wait for a worker (running ones aside); more get 503.",
     )
     retry_after_s: float = Field(
         default=1.0, gt=0, description="Retry-After a front end suggests when the queue is full."

@@ -78,7 +78,7 @@ class ClusterWorker:
         """Serve until ``stop`` is set, then finish (or hand back) the calls held."""
         settings = self.queue.settings
         await self.queue.ensure_group()
-        await self.queue.heartbeat(self.worker_id)
+        await self.queue.heartbeat(self.worker_id, self.slots)
         keeper = asyncio.create_task(self._keep_alive())
         logger.info(
             "worker %s serving: %d slots, batches of up to %d",
@@ -96,15 +96,23 @@ class ClusterWorker:
                         await asyncio.wait_for(self._room.wait(), self.poll_s)
                     continue
                 count = min(free, self.batch_size)
-                deliveries: list[Delivery] = []
-                if time.monotonic() >= next_claim:
-                    # Calls of dead workers go first: they have waited longest.
-                    deliveries = await self.queue.claim_stale(self.worker_id, count)
-                    if len(deliveries) < count:
-                        next_claim = time.monotonic() + settings.lease_s / 2
-                if not deliveries:
-                    deliveries = await self.queue.read_new(self.worker_id, count, self.poll_s)
-                await self._accept(deliveries)
+                try:
+                    deliveries: list[Delivery] = []
+                    if time.monotonic() >= next_claim:
+                        # Calls of dead workers go first: they have waited longest.
+                        deliveries = await self.queue.claim_stale(self.worker_id, count)
+                        if len(deliveries) < count:
+                            next_claim = time.monotonic() + settings.lease_s / 2
+                    if not deliveries:
+                        deliveries = await self.queue.read_new(self.worker_id, count, self.poll_s)
+                    await self._accept(deliveries)
+                except RedisError:
+                    # Redis restarting or failing over: keep trying (a restarted Redis without
+                    # persistence lost the consumer group too).
+                    logger.exception("worker %s lost Redis; retrying", self.worker_id)
+                    await asyncio.sleep(self.poll_s)
+                    with contextlib.suppress(RedisError):
+                        await self.queue.ensure_group()
         finally:
             try:
                 await self._drain()
@@ -195,7 +203,7 @@ class ClusterWorker:
         interval = self.queue.settings.lease_s / 3
         while True:
             try:
-                await self.queue.heartbeat(self.worker_id)
+                await self.queue.heartbeat(self.worker_id, self.slots)
                 await self.queue.renew(self.worker_id, list(self._held))
             except RedisError:
                 logger.exception("worker %s could not renew its leases", self.worker_id)
