@@ -103,7 +103,8 @@ class LocalDispatcher:
 
     async def submit(self, request: RunRequest) -> RunResult:
         """Queue one call and wait for its result."""
-        if self.queue_depth >= self.max_queue:
+        # Accepted calls beyond the slots are the ones waiting: at most ``max_queue`` of them.
+        if self._accepted - self.pool.slots >= self.max_queue:
             raise QueueFullError(self.retry_after_s())
         self._accepted += 1
         started = time.monotonic()

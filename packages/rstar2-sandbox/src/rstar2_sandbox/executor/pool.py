@@ -218,6 +218,11 @@ class ExecutorPool:
         return [m for m in infos[0].preloaded if all(m in i.preloaded for i in infos)]
 
     @property
+    def server_pids(self) -> list[int]:
+        """Process ids of the running fork-servers."""
+        return [s.process.pid for s in self._servers if s.process and s.process.returncode is None]
+
+    @property
     def live_servers(self) -> int:
         """Fork-servers ready to take calls."""
         return sum(1 for s in self._servers if s.ready.is_set())

@@ -1,0 +1,99 @@
+"""Shared fixtures: one executor pool per session (starting one preloads numpy and sympy), and
+checks that runs leave no process behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import pytest_asyncio
+
+from rstar2_sandbox import ExecutorSettings, LocalSandbox
+
+# Planted before any fork-server starts: no run may ever see it.
+SECRET = "rstar2-planted-secret-5f2c9e"
+os.environ["RSTAR2_TEST_SECRET"] = SECRET
+
+SLOTS = 4
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def processes_of_uids(uids: range) -> list[tuple[int, int, str]]:
+    """(pid, uid, state) of every process (zombies included) whose real uid is in ``uids``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as handle:
+                fields = dict(line.split(":", 1) for line in handle if ":" in line)
+        except OSError:
+            continue
+        uid = int(fields["Uid"].split()[0])
+        if uid in uids:
+            found.append((int(entry), uid, fields["State"].strip()))
+    return found
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid``."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(p) for p in handle.read().split()]
+    except OSError:
+        return []
+
+
+def leftovers(sandbox: LocalSandbox) -> list[str]:
+    """Processes a finished run left behind: any process of a slot uid, or a zombie left
+    unreaped by a fork-server. Empty when all is clean."""
+    pool = sandbox.pool
+    found = []
+    if pool.isolation.unprivileged_uid.active:
+        uids = range(pool.settings.uid_base, pool.settings.uid_base + pool.slots)
+        found += [f"pid {p} uid {u} state {s}" for p, u, s in processes_of_uids(uids)]
+    for server in pool.server_pids:
+        found += [f"child {c} of fork-server {server}" for c in children_of(server)]
+    return found
+
+
+@pytest.fixture(scope="session")
+def executor_settings() -> ExecutorSettings:
+    """Two fork-servers with numpy and sympy preloaded: the default shape, smaller."""
+    return ExecutorSettings(servers=2, slots=SLOTS, preload=["numpy", "sympy"])
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def sandbox(executor_settings: ExecutorSettings) -> AsyncIterator[LocalSandbox]:
+    """A started ``LocalSandbox``; after the session, no fork-server may remain."""
+    async with LocalSandbox(executor_settings) as local:
+        pids = local.pool.server_pids
+        yield local
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid), f"fork-server {pid} lives"
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.fixture
+def no_leftovers(sandbox: LocalSandbox) -> Callable[[], None]:
+    """Call it after a run: fails when the run left any process behind."""
+
+    def check() -> None:
+        assert leftovers(sandbox) == []
+
+    return check

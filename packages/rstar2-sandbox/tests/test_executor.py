@@ -1,0 +1,190 @@
+"""Execution semantics of the fork-server pool, through ``LocalSandbox``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from rstar2_sandbox import LocalSandbox, RunRequest, RunStatus, Sandbox
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def run(sandbox: LocalSandbox, code: str, **options: object) -> object:
+    return await sandbox.run(RunRequest(code=code, **options))  # type: ignore[arg-type]
+
+
+async def test_implements_the_sandbox_protocol(sandbox: LocalSandbox) -> None:
+    assert isinstance(sandbox, Sandbox)
+
+
+async def test_prints_stdout_and_reads_stdin(sandbox: LocalSandbox) -> None:
+    result = await sandbox.run(
+        RunRequest(code="a, b = map(int, input().split())\nprint(a * b)", stdin="6 7\n")
+    )
+    assert result.status is RunStatus.SUCCESS
+    assert result.stdout == "42\n"
+    assert result.exit_code == 0
+    assert result.wall_time_s > 0
+
+
+async def test_large_stdin_is_fed_whole(sandbox: LocalSandbox) -> None:
+    data = "x" * 900_000
+    result = await sandbox.run(
+        RunRequest(code="import sys\nprint(len(sys.stdin.read()))", stdin=data)
+    )
+    assert result.stdout == "900000\n"
+
+
+async def test_uncaught_exception_is_a_runtime_error_with_a_clean_traceback(
+    sandbox: LocalSandbox,
+) -> None:
+    result = await sandbox.run(RunRequest(code="x = 1\ny = x / 0\n"))
+    assert result.status is RunStatus.RUNTIME_ERROR
+    assert result.exit_code == 1
+    assert 'File "main.py", line 2' in result.stderr
+    assert "y = x / 0" in result.stderr
+    assert result.stderr.rstrip().endswith("ZeroDivisionError: division by zero")
+    # The sandbox's own frames stay out of the user's traceback.
+    assert "child.py" not in result.stderr
+
+
+async def test_syntax_error_is_reported_like_python(sandbox: LocalSandbox) -> None:
+    result = await sandbox.run(RunRequest(code="def f(:\n    pass\n"))
+    assert result.status is RunStatus.RUNTIME_ERROR
+    assert "SyntaxError" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("code", "exit_code", "status"),
+    [
+        ("import sys; sys.exit(0)", 0, RunStatus.SUCCESS),
+        ("import sys; sys.exit(3)", 3, RunStatus.RUNTIME_ERROR),
+        ("import sys; sys.exit('bye')", 1, RunStatus.RUNTIME_ERROR),
+        ("import os; os._exit(7)", 7, RunStatus.RUNTIME_ERROR),
+    ],
+)
+async def test_exit_codes(
+    sandbox: LocalSandbox, code: str, exit_code: int, status: RunStatus
+) -> None:
+    result = await sandbox.run(RunRequest(code=code))
+    assert (result.status, result.exit_code) == (status, exit_code)
+
+
+@pytest.mark.parametrize(
+    ("code", "shown"),
+    [
+        ("x = 20\nx + 22", "42\n"),
+        ("'text'", "'text'\n"),
+        ("print('printed')\n5", "printed\n"),  # something was printed: no repr
+        ("None", ""),
+        ("x = 5", ""),
+        ("import sympy\nsympy.factor(sympy.Symbol('x')**2 - 1)", "(x - 1)*(x + 1)\n"),
+    ],
+)
+async def test_display_last_expr(sandbox: LocalSandbox, code: str, shown: str) -> None:
+    result = await sandbox.run(RunRequest(code=code, display_last_expr=True))
+    assert result.status is RunStatus.SUCCESS
+    assert result.stdout == shown
+
+
+async def test_last_expression_is_not_shown_unless_asked(sandbox: LocalSandbox) -> None:
+    result = await sandbox.run(RunRequest(code="1 + 1"))
+    assert result.stdout == ""
+
+
+async def test_preloaded_numpy_works_under_a_small_memory_budget(sandbox: LocalSandbox) -> None:
+    # The budget comes on top of what the fork-server maps, so 64 MiB is enough for real work.
+    code = "import numpy as np\na = np.arange(1_000_000, dtype=np.float64)\nprint(int(a.sum()))"
+    result = await sandbox.run(RunRequest(code=code, memory_mb=64))
+    assert result.status is RunStatus.SUCCESS, result.stderr
+    assert result.stdout == "499999500000\n"
+
+
+async def test_runs_get_fresh_random_state(sandbox: LocalSandbox) -> None:
+    code = "import random, numpy\nprint(random.random(), numpy.random.random())"
+    first, second = await sandbox.run_many([RunRequest(code=code), RunRequest(code=code)])
+    assert first.stdout != second.stdout
+
+
+async def test_run_many_keeps_request_order(sandbox: LocalSandbox) -> None:
+    requests = [
+        RunRequest(code=f"import time\ntime.sleep({(i % 3) * 0.02})\nprint({i})") for i in range(12)
+    ]
+    results = await sandbox.run_many(requests)
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(12)]
+
+
+async def test_minimal_environment_without_server_secrets(sandbox: LocalSandbox) -> None:
+    secret = os.environ["RSTAR2_TEST_SECRET"]  # planted by conftest before the pool started
+
+    code = (
+        "import os\n"
+        "print(sorted(os.environ))\n"
+        "print(os.environ['OMP_NUM_THREADS'], os.environ['OPENBLAS_NUM_THREADS'])\n"
+        "for path in ('/proc/self/environ', '/proc/%d/environ' % os.getppid(),\n"
+        f"             '/proc/{os.getpid()}/environ', '/proc/1/environ'):\n"
+        "    try:\n"
+        "        print(path, open(path, 'rb').read())\n"
+        "    except OSError as exc:\n"
+        "        print(path, 'denied', exc.errno)\n"
+    )
+    result = await sandbox.run(RunRequest(code=code))
+    assert result.status is RunStatus.SUCCESS, result.stderr
+    assert secret not in result.stdout
+    assert "RSTAR2_TEST_SECRET" not in result.stdout
+    assert "1 1\n" in result.stdout
+
+
+async def test_isolation_report_matches_privileges(sandbox: LocalSandbox) -> None:
+    report = sandbox.isolation
+    assert report.rlimits.active
+    assert report.subreaper.active
+    if os.geteuid() == 0:
+        assert report.unprivileged_uid.active, report.unprivileged_uid.detail
+        assert report.process_limit.active
+        assert report.network_namespace.active, report.network_namespace.detail
+        assert report.private_tmp.active, report.private_tmp.detail
+    else:
+        assert not report.unprivileged_uid.active
+        assert "root" in report.unprivileged_uid.detail
+
+
+async def test_runs_as_an_unprivileged_uid_in_an_empty_private_directory(
+    sandbox: LocalSandbox,
+) -> None:
+    if not sandbox.isolation.unprivileged_uid.active:
+        pytest.skip("per-slot uids need root")
+    code = "import os\nprint(os.getuid(), os.getgid(), os.getgroups(), os.listdir('.'))"
+    result = await sandbox.run(RunRequest(code=code))
+    uid, gid, groups, listing = result.stdout.split(" ", 3)
+    settings = sandbox.pool.settings
+    assert settings.uid_base <= int(uid) < settings.uid_base + settings.total_slots
+    assert gid == uid
+    assert groups == "[]"
+    assert listing.strip() == "[]"
+
+
+async def test_working_directory_is_removed_after_each_run(sandbox: LocalSandbox) -> None:
+    code = "open('leftover.txt', 'w').write('x')\nimport os\nprint(os.listdir('.'))"
+    results = await sandbox.run_many([RunRequest(code=code) for _ in range(sandbox.pool.slots * 2)])
+    # Every slot is reused at least once and each time starts empty.
+    assert all(r.stdout == "['leftover.txt']\n" for r in results), results
+
+
+async def test_a_dead_fork_server_fails_its_calls_and_is_replaced(sandbox: LocalSandbox) -> None:
+    pool = sandbox.pool
+    victims = pool.server_pids
+    slow = [asyncio.create_task(sandbox.run(RunRequest(code="import time; time.sleep(30)")))
+            for _ in range(pool.slots)]
+    await asyncio.sleep(0.5)
+    for pid in victims:
+        os.kill(pid, 9)
+    results = await asyncio.wait_for(asyncio.gather(*slow), 20)
+    assert {r.status for r in results} == {RunStatus.INTERNAL_ERROR}
+    after = await asyncio.wait_for(sandbox.run(RunRequest(code="print('back')")), 60)
+    assert after.stdout == "back\n"
+    assert pool.restarts >= len(victims)
+    assert set(pool.server_pids).isdisjoint(victims)

@@ -1,0 +1,250 @@
+"""Hostile code: each case ends with the right status, leaves no process behind, and the sandbox
+keeps serving afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from rstar2_sandbox import LocalSandbox, RunRequest, RunResult, RunStatus
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+TIMEOUT_S = 2.0
+
+
+async def hostile(
+    sandbox: LocalSandbox, no_leftovers: Callable[[], None], code: str, **options: object
+) -> RunResult:
+    """Run ``code``, then check nothing survived and the sandbox still answers."""
+    options.setdefault("timeout_s", TIMEOUT_S)
+    result = await sandbox.run(RunRequest(code=code, **options))  # type: ignore[arg-type]
+    no_leftovers()
+    healthy = await sandbox.run(RunRequest(code="print('still serving')"))
+    assert healthy.stdout == "still serving\n"
+    return result
+
+
+async def test_fork_bomb(sandbox: LocalSandbox, no_leftovers: Callable[[], None]) -> None:
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    result = await hostile(sandbox, no_leftovers, code)
+    assert result.status is RunStatus.TIMEOUT
+
+
+async def test_memory_bomb(sandbox: LocalSandbox, no_leftovers: Callable[[], None]) -> None:
+    code = "chunks = []\nwhile True:\n    chunks.append(bytearray(50 << 20))\n"
+    result = await hostile(sandbox, no_leftovers, code, memory_mb=256, timeout_s=10)
+    assert result.status is RunStatus.MEMORY_EXCEEDED
+    assert "MemoryError" in result.stderr
+
+
+async def test_numpy_allocation_over_budget(
+    sandbox: LocalSandbox, no_leftovers: Callable[[], None]
+) -> None:
+    code = "import numpy as np\nnp.ones((20_000, 20_000))\n"
+    result = await hostile(sandbox, no_leftovers, code, memory_mb=256)
+    assert result.status is RunStatus.MEMORY_EXCEEDED
+
+
+async def test_infinite_loop(sandbox: LocalSandbox, no_leftovers: Callable[[], None]) -> None:
+    result = await hostile(sandbox, no_leftovers, "while True:\n    pass\n")
+    assert result.status is RunStatus.TIMEOUT
+    assert TIMEOUT_S <= result.wall_time_s < TIMEOUT_S + 1.5
+
+
+async def test_cpu_spin_in_threads(sandbox: LocalSandbox, no_leftovers: Callable[[], None]) -> None:
+    code = (
+        "import threading\n"
+        "def spin():\n    while True:\n        pass\n"
+        "for _ in range(8):\n    threading.Thread(target=spin, daemon=True).start()\n"
+        "threading.Event().wait()\n"
+    )
+    result = await hostile(sandbox, no_leftovers, code)
+    assert result.status is RunStatus.TIMEOUT
+
+
+async def test_sleeping_daemonized_grandchild(
+    sandbox: LocalSandbox, no_leftovers: Callable[[], None]
+) -> None:
+    # Double fork + setsid: the grandchild leaves the run's session and process group.
+    code = (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(1000)\n"
+        "    os._exit(0)\n"
+        "print('parent exits')\n"
+    )
+    result = await hostile(sandbox, no_leftovers, code)
+    assert result.status is RunStatus.SUCCESS
+    assert result.stdout == "parent exits\n"
+
+
+async def test_grandchild_holding_stdout_open(
+    sandbox: LocalSandbox, no_leftovers: Callable[[], None]
+) -> None:
+    # The run's pipes stay open in the daemon; the result must not wait for them.
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    time.sleep(1000)\n"
+        "print('done', flush=True)\n"
+    )
+    result = await hostile(sandbox, no_leftovers, code, timeout_s=30)
+    assert result.status is RunStatus.SUCCESS
+    assert result.wall_time_s < 5
+
+
+async def test_ignoring_sigterm(sandbox: LocalSandbox, no_leftovers: Callable[[], None]) -> None:
+    code = (
+        "import signal, time\n"
+        "for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
+        "    signal.signal(sig, signal.SIG_IGN)\n"
+        "time.sleep(100)\n"
+    )
+    result = await hostile(sandbox, no_leftovers, code)
+    assert result.status is RunStatus.TIMEOUT
+
+
+async def test_killing_the_parent(sandbox: LocalSandbox, no_leftovers: Callable[[], None]) -> None:
+    code = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('survived')\n"
+    if sandbox.isolation.unprivileged_uid.active:
+        result = await hostile(sandbox, no_leftovers, code)
+        # The fork-server runs as root: the run may not signal it.
+        assert result.status is RunStatus.RUNTIME_ERROR
+        assert "PermissionError" in result.stderr
+    else:
+        # Same uid: the fork-server dies, the call fails cleanly, a new fork-server takes over.
+        result = await sandbox.run(RunRequest(code=code, timeout_s=TIMEOUT_S))
+        assert result.status is RunStatus.INTERNAL_ERROR
+        healthy = await asyncio.wait_for(sandbox.run(RunRequest(code="print(1)")), 60)
+        assert healthy.stdout == "1\n"
+
+
+async def test_killing_everything_it_can(
+    sandbox: LocalSandbox, no_leftovers: Callable[[], None]
+) -> None:
+    if not sandbox.isolation.unprivileged_uid.active:
+        pytest.skip("kill(-1) from the server's own uid would kill the test process")
+    result = await hostile(sandbox, no_leftovers, "import os, signal\nos.kill(-1, signal.SIGKILL)\n")
+    assert result.status in (RunStatus.SUCCESS, RunStatus.MEMORY_EXCEEDED, RunStatus.RUNTIME_ERROR)
+
+
+@pytest.mark.parametrize("target", ["/etc/rstar2-pwned", "/tmp/rstar2-pwned", "../rstar2-pwned"])
+async def test_writing_outside_the_working_directory(
+    sandbox: LocalSandbox, no_leftovers: Callable[[], None], target: str
+) -> None:
+    if not sandbox.isolation.unprivileged_uid.active:
+        pytest.skip("without a separate uid the server's own permissions apply")
+    code = f"open({target!r}, 'w').write('pwned')\n"
+    result = await hostile(sandbox, no_leftovers, code)
+    assert result.status is RunStatus.RUNTIME_ERROR
+    assert "PermissionError" in result.stderr
+
+
+async def test_reading_another_runs_files(
+    sandbox: LocalSandbox, no_leftovers: Callable[[], None]
+) -> None:
+    if not sandbox.isolation.unprivileged_uid.active:
+        pytest.skip("runs share a uid without root")
+    writer = (
+        "import os, time\nopen('secret.txt', 'w').write('run A secret')\n"
+        "print(os.getcwd(), flush=True)\ntime.sleep(3)\n"
+    )
+    task = asyncio.create_task(sandbox.run(RunRequest(code=writer, timeout_s=10)))
+    await asyncio.sleep(1.0)
+    reader = (
+        "import glob, os\n"
+        "parent = os.path.dirname(os.getcwd())\n"
+        "try:\n    print('listing', os.listdir(parent))\n"
+        "except OSError as exc:\n    print('listing denied', exc.errno)\n"
+        "for path in glob.glob('/tmp/*/secret.txt') + glob.glob('/tmp/run-*/secret.txt'):\n"
+        "    print('found', path)\n"
+        "import subprocess\n"
+        "out = subprocess.run(['sh', '-c', 'cat /tmp/run-*/secret.txt'], capture_output=True)\n"
+        "print('cat', out.stdout, out.returncode)\n"
+    )
+    result = await sandbox.run(RunRequest(code=reader))
+    first = await task
+    assert first.status is RunStatus.SUCCESS
+    assert "run A secret" not in result.stdout
+    assert "found" not in result.stdout
+    assert "listing denied" in result.stdout
+    no_leftovers()
+
+
+async def test_connecting_to_a_loopback_listener(
+    sandbox: LocalSandbox, no_leftovers: Callable[[], None]
+) -> None:
+    if not sandbox.isolation.network_namespace.active:
+        pytest.skip("network namespaces are not available here")
+    connections: list[str] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append("connected")
+        writer.close()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+        result = await hostile(sandbox, no_leftovers, code)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert result.status is RunStatus.RUNTIME_ERROR
+    assert "OSError" in result.stderr
+    assert connections == []
+
+
+async def test_printing_100_mb(sandbox: LocalSandbox, no_leftovers: Callable[[], None]) -> None:
+    code = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(chunk)\n"
+    limit = 1 << 20
+    result = await hostile(sandbox, no_leftovers, code, output_limit_bytes=limit, timeout_s=30)
+    assert result.status is RunStatus.OUTPUT_LIMIT_EXCEEDED
+    assert result.stdout_truncated
+    assert len(result.stdout) == limit
+    # Stopped at the cap, not after writing everything.
+    assert result.wall_time_s < 5
+
+
+async def test_flooding_stderr(sandbox: LocalSandbox, no_leftovers: Callable[[], None]) -> None:
+    code = "import sys\nwhile True:\n    sys.stderr.write('e' * 65536)\n"
+    result = await hostile(sandbox, no_leftovers, code, output_limit_bytes=100_000)
+    assert result.status is RunStatus.OUTPUT_LIMIT_EXCEEDED
+    assert result.stderr_truncated
+    assert len(result.stderr) == 100_000
+
+
+async def test_writing_a_huge_file(sandbox: LocalSandbox, no_leftovers: Callable[[], None]) -> None:
+    limit = sandbox.pool.settings.max_file_bytes
+    code = f"with open('big.bin', 'wb') as f:\n    f.write(b'x' * {limit + (1 << 20)})\n"
+    result = await hostile(sandbox, no_leftovers, code, memory_mb=1024)
+    assert result.status is RunStatus.RUNTIME_ERROR
+    assert "File too large" in result.stderr
+
+
+async def test_reading_the_planted_secret_from_the_server_environment(
+    sandbox: LocalSandbox, no_leftovers: Callable[[], None]
+) -> None:
+    import os
+
+    if not sandbox.isolation.unprivileged_uid.active:
+        pytest.skip("processes of one user can read each other's environment")
+    secret = os.environ["RSTAR2_TEST_SECRET"]
+    code = (
+        "import os, glob\n"
+        "print(dict(os.environ))\n"
+        "for path in glob.glob('/proc/*/environ'):\n"
+        "    try:\n"
+        "        print(open(path, 'rb').read())\n"
+        "    except OSError:\n"
+        "        pass\n"
+    )
+    result = await hostile(sandbox, no_leftovers, code)
+    assert result.status is RunStatus.SUCCESS
+    assert secret not in result.stdout
