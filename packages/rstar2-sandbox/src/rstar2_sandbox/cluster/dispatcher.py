@@ -89,7 +89,7 @@ class RedisDispatcher:
             with contextlib.suppress(RedisError):
                 await self._queue.drop_frontend(self.frontend_id)
         if self._redis is not None:
-            await self._redis.aclose()
+            await self._redis.aclose()  # type: ignore[attr-defined]  # stubs predate aclose
         self._redis = self._queue = None
 
     async def submit(self, request: RunRequest) -> RunResult:
