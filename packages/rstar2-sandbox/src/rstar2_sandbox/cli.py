@@ -56,6 +56,17 @@ def serve(
         int, typer.Option(help="Calls allowed to wait for a slot; beyond it: 503 + Retry-After.")
     ] = 16384,
     max_batch: Annotated[int, typer.Option(help="Most calls in one batch request.")] = 4096,
+    redis: Annotated[
+        str | None,
+        typer.Option(
+            help="Redis URL of a cluster (e.g. redis://host:6379/0): queue calls there for "
+            "'rstar2-sandbox worker' nodes instead of running them here; the executor options "
+            "then belong to the workers. Needs the optional 'cluster' extra."
+        ),
+    ] = None,
+    redis_prefix: Annotated[
+        str, typer.Option(help="Prefix of the cluster's Redis keys (same on workers).")
+    ] = "rstar2:sandbox",
     log_level: Annotated[str, typer.Option(help="Logging level (DEBUG, INFO, WARNING...).")] = (
         "INFO"
     ),
@@ -64,7 +75,7 @@ def serve(
     from aiohttp import web
 
     from rstar2_sandbox.app import create_app
-    from rstar2_sandbox.dispatch import LocalDispatcher
+    from rstar2_sandbox.dispatch import Dispatcher, LocalDispatcher
     from rstar2_sandbox.settings import ServerSettings
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
@@ -75,9 +86,98 @@ def serve(
         isolate=isolate,
     )
     settings = ServerSettings(host=host, port=port, max_queue=max_queue, max_batch=max_batch)
-    dispatcher = LocalDispatcher(executor, max_queue=max_queue)
+    dispatcher: Dispatcher
+    if redis is None:
+        dispatcher = LocalDispatcher(executor, max_queue=max_queue)
+    else:
+        from rstar2_sandbox.cluster import ClusterSettings, RedisDispatcher
+
+        cluster = ClusterSettings(key_prefix=redis_prefix, max_queue=max_queue)
+        dispatcher = RedisDispatcher(redis, cluster)
     announce = logging.getLogger("rstar2_sandbox.serve").info
     web.run_app(create_app(dispatcher, settings), host=host, port=port, print=announce)
+
+
+@app.command()
+def worker(
+    redis: Annotated[
+        str, typer.Option(help="Redis URL of the cluster's queue (e.g. redis://host:6379/0).")
+    ],
+    slots: Annotated[
+        int | None,
+        typer.Option(help="Calls running at once on this node (default: 2 per fork-server)."),
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option(min=1, help="Most calls taken from the queue in one read.")
+    ] = 64,
+    servers: Annotated[
+        int | None, typer.Option(help="Fork-servers to run (default: one per usable core).")
+    ] = None,
+    preload: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated modules every fork-server imports up front "
+            "(default: whichever of numpy, sympy, scipy are installed; '' for none)."
+        ),
+    ] = None,
+    isolate: Annotated[
+        bool,
+        typer.Option(
+            help="Use per-slot uids, network and mount namespaces where the kernel permits."
+        ),
+    ] = True,
+    redis_prefix: Annotated[
+        str, typer.Option(help="Prefix of the cluster's Redis keys (same on front ends).")
+    ] = "rstar2:sandbox",
+    lease_s: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            help="Seconds after which calls held by a worker that stopped renewing its lease "
+            "(it died) go to another worker.",
+        ),
+    ] = 15.0,
+    max_deliveries: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Deliveries of a call before it fails with internal_error (2: one retry)."
+        ),
+    ] = 2,
+    drain_timeout_s: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="On SIGTERM, seconds running calls get to finish; the rest go back to the queue.",
+        ),
+    ] = 30.0,
+    log_level: Annotated[str, typer.Option(help="Logging level (DEBUG, INFO, WARNING...).")] = (
+        "INFO"
+    ),
+) -> None:
+    """Run calls from a cluster's Redis queue on this node's fork-servers.
+
+    Needs the optional 'cluster' extra of rstar2-sandbox (the redis package).
+    """
+    import asyncio
+
+    from rstar2_sandbox.cluster import ClusterSettings
+    from rstar2_sandbox.cluster.node import run_worker_node
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
+    executor = ExecutorSettings(
+        servers=servers or default_servers(),
+        slots=slots,
+        preload=_preload_list(preload),
+        isolate=isolate,
+    )
+    cluster = ClusterSettings(
+        key_prefix=redis_prefix, lease_s=lease_s, max_deliveries=max_deliveries
+    )
+    asyncio.run(
+        run_worker_node(
+            redis, cluster, executor, batch_size=batch_size, drain_timeout_s=drain_timeout_s
+        )
+    )
 
 
 def main() -> None:
