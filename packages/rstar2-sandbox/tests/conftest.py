@@ -9,8 +9,15 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
+from aiohttp.test_utils import TestServer
 
-from rstar2_sandbox import ExecutorSettings, LocalSandbox
+from rstar2_sandbox import (
+    ExecutorSettings,
+    LocalDispatcher,
+    LocalSandbox,
+    ServerSettings,
+    create_app,
+)
 
 # Planted before any fork-server starts: no run may ever see it.
 SECRET = "rstar2-planted-secret-5f2c9e"
@@ -77,16 +84,16 @@ async def sandbox(executor_settings: ExecutorSettings) -> AsyncIterator[LocalSan
     async with LocalSandbox(executor_settings) as local:
         pids = local.pool.server_pids
         yield local
-    for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid), f"fork-server {pid} lives"
+    assert [pid for pid in pids if _alive(pid)] == []
 
 
-def _is_zombie(pid: int) -> bool:
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
-        return True
+        return False
 
 
 @pytest.fixture
@@ -97,3 +104,25 @@ def no_leftovers(sandbox: LocalSandbox) -> Callable[[], None]:
         assert leftovers(sandbox) == []
 
     return check
+
+
+async def start_service(
+    executor: ExecutorSettings, settings: ServerSettings | None = None
+) -> TestServer:
+    """The HTTP app over a ``LocalDispatcher``, listening on a loopback port."""
+    settings = settings or ServerSettings()
+    dispatcher = LocalDispatcher(executor, max_queue=settings.max_queue)
+    server = TestServer(create_app(dispatcher, settings), host="127.0.0.1", port=free_port())
+    await server.start_server()
+    return server
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def service_url() -> AsyncIterator[str]:
+    """Base URL of a running service (no preloads: it starts fast)."""
+    server = await start_service(
+        ExecutorSettings(servers=2, slots=SLOTS, preload=[]),
+        ServerSettings(max_batch=64, max_body_bytes=4 << 20),
+    )
+    yield str(server.make_url("")).rstrip("/")
+    await server.close()
