@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-import redis
+from redis import ConnectionError as RedisConnectionError
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 from rstar2_sandbox.cluster import ClusterSettings
@@ -46,13 +47,13 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     url = f"redis://127.0.0.1:{port}/0"
     try:
-        client = redis.Redis.from_url(url)
+        client = SyncRedis.from_url(url)
         deadline = time.monotonic() + 10
         while True:
             try:
                 client.ping()
                 break
-            except redis.ConnectionError:
+            except RedisConnectionError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"redis-server on port {port} did not start")
                 time.sleep(0.05)
@@ -78,7 +79,7 @@ def settings() -> ClusterSettings:
 
 
 @pytest_asyncio.fixture
-async def client(redis_url: str) -> AsyncIterator[Redis]:
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
     redis_client = Redis.from_url(redis_url, decode_responses=True)
     yield redis_client
     await redis_client.aclose()

@@ -105,10 +105,10 @@ async def test_full_queue_raises_with_retry_after(
         await front.submit(RunRequest(code="1"))
     assert refused.value.retry_after_s == settings.retry_after_s
     await front.close()
-    # Closing answers the calls still waiting instead of leaving them hanging.
-    for result in await asyncio.gather(*waiting):
-        assert result.status is RunStatus.INTERNAL_ERROR
-        assert "shut down" in result.stderr
+    # Closing refuses the calls still waiting as retryable instead of leaving them hanging.
+    for outcome in await asyncio.gather(*waiting, return_exceptions=True):
+        assert isinstance(outcome, QueueFullError)
+        assert "shutting down" in str(outcome)
 
 
 async def test_no_result_in_time_answers_internal_error(

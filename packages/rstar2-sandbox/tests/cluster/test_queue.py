@@ -28,25 +28,25 @@ def result(n: int, worker: str = "w", deliveries: int = 1) -> ResultMessage:
     )
 
 
-async def make_queue(client: Redis, settings: ClusterSettings) -> ClusterQueue:
-    queue = ClusterQueue(client, settings)
+async def make_queue(redis: Redis, settings: ClusterSettings) -> ClusterQueue:
+    queue = ClusterQueue(redis, settings)
     await queue.ensure_group()
     await queue.ensure_group()  # a second front end or worker starting must not fail
     return queue
 
 
 async def test_call_travels_from_enqueue_to_front_end(
-    client: Redis, settings: ClusterSettings
+    redis: Redis, settings: ClusterSettings
 ) -> None:
-    queue = await make_queue(client, settings)
+    queue = await make_queue(redis, settings)
     assert await queue.enqueue(task(1))
     (delivery,) = await queue.read_new("w1", count=10, block_s=0.1)
     assert delivery.task == task(1)
     assert delivery.deliveries == 1
     assert await queue.complete(delivery.entry_id, "r1", "fe", result(1))
     assert await queue.pop_results("fe", count=10, timeout_s=0.1) == [result(1)]
-    assert await client.xlen(queue.stream) == 0
-    assert await client.xpending(queue.stream, "workers") == {
+    assert await redis.xlen(queue.stream) == 0
+    assert await redis.xpending(queue.stream, "workers") == {
         "pending": 0,
         "min": None,
         "max": None,
@@ -54,8 +54,8 @@ async def test_call_travels_from_enqueue_to_front_end(
     }
 
 
-async def test_batches_are_at_most_count(client: Redis, settings: ClusterSettings) -> None:
-    queue = await make_queue(client, settings)
+async def test_batches_are_at_most_count(redis: Redis, settings: ClusterSettings) -> None:
+    queue = await make_queue(redis, settings)
     for n in range(5):
         assert await queue.enqueue(task(n))
     first = await queue.read_new("w1", count=3, block_s=0.1)
@@ -66,9 +66,9 @@ async def test_batches_are_at_most_count(client: Redis, settings: ClusterSetting
 
 
 async def test_full_queue_refuses_until_calls_are_taken(
-    client: Redis, settings: ClusterSettings
+    redis: Redis, settings: ClusterSettings
 ) -> None:
-    queue = await make_queue(client, settings.model_copy(update={"max_queue": 3}))
+    queue = await make_queue(redis, settings.model_copy(update={"max_queue": 3}))
     assert [await queue.enqueue(task(n)) for n in range(4)] == [True, True, True, False]
     # A call handed to a worker no longer waits: it frees a place.
     (delivery,) = await queue.read_new("w1", count=1, block_s=0.1)
@@ -81,9 +81,9 @@ async def test_full_queue_refuses_until_calls_are_taken(
 
 
 async def test_stale_call_is_claimed_only_after_the_lease(
-    client: Redis, settings: ClusterSettings
+    redis: Redis, settings: ClusterSettings
 ) -> None:
-    queue = await make_queue(client, settings)
+    queue = await make_queue(redis, settings)
     await queue.enqueue(task(1))
     (held,) = await queue.read_new("dead", count=1, block_s=0.1)
     assert await queue.claim_stale("alive", count=10) == []
@@ -96,8 +96,8 @@ async def test_stale_call_is_claimed_only_after_the_lease(
     assert await queue.claim_stale("other", count=10) == []
 
 
-async def test_renewed_lease_keeps_a_call(client: Redis, settings: ClusterSettings) -> None:
-    queue = await make_queue(client, settings)
+async def test_renewed_lease_keeps_a_call(redis: Redis, settings: ClusterSettings) -> None:
+    queue = await make_queue(redis, settings)
     await queue.enqueue(task(1))
     (held,) = await queue.read_new("slow", count=1, block_s=0.1)
     for _ in range(4):
@@ -109,9 +109,9 @@ async def test_renewed_lease_keeps_a_call(client: Redis, settings: ClusterSettin
 
 
 async def test_only_the_first_result_reaches_the_front_end(
-    client: Redis, settings: ClusterSettings
+    redis: Redis, settings: ClusterSettings
 ) -> None:
-    queue = await make_queue(client, settings)
+    queue = await make_queue(redis, settings)
     await queue.enqueue(task(1))
     (first,) = await queue.read_new("w1", count=1, block_s=0.1)
     await asyncio.sleep(settings.lease_s + 0.1)
@@ -120,15 +120,15 @@ async def test_only_the_first_result_reaches_the_front_end(
     assert not await queue.complete(first.entry_id, "r1", "fe", result(1, "w1", 1))
     assert await queue.pop_results("fe", count=10, timeout_s=0.1) == [result(1, "w2", 2)]
     assert await queue.pop_results("fe", count=10, timeout_s=0.1) == []
-    assert await client.xlen(queue.stream) == 0
+    assert await redis.xlen(queue.stream) == 0
 
 
 async def test_malformed_entry_is_reported_with_its_ids(
-    client: Redis, settings: ClusterSettings
+    redis: Redis, settings: ClusterSettings
 ) -> None:
-    queue = await make_queue(client, settings)
-    await client.xadd(queue.stream, {"id": "r9", "reply": "fe", "request": '{"code": 5}'})
-    await client.xadd(queue.stream, {"request": "{}"})
+    queue = await make_queue(redis, settings)
+    await redis.xadd(queue.stream, {"id": "r9", "reply": "fe", "request": '{"code": 5}'})
+    await redis.xadd(queue.stream, {"request": "{}"})
     bad_body, no_ids = await queue.read_new("w1", count=10, block_s=0.1)
     assert bad_body.task is None
     assert (bad_body.request_id, bad_body.reply_to) == ("r9", "fe")
@@ -140,8 +140,8 @@ async def test_malformed_entry_is_reported_with_its_ids(
     assert "['id', 'reply']" in no_ids.error
 
 
-async def test_released_calls_are_queued_anew(client: Redis, settings: ClusterSettings) -> None:
-    queue = await make_queue(client, settings)
+async def test_released_calls_are_queued_anew(redis: Redis, settings: ClusterSettings) -> None:
+    queue = await make_queue(redis, settings)
     for n in range(2):
         await queue.enqueue(task(n))
     held = await queue.read_new("stopping", count=2, block_s=0.1)
@@ -150,11 +150,11 @@ async def test_released_calls_are_queued_anew(client: Redis, settings: ClusterSe
     assert [d.task for d in again] == [task(0), task(1)]
     assert [d.deliveries for d in again] == [1, 1]
     assert {d.entry_id for d in again}.isdisjoint(d.entry_id for d in held)
-    assert await client.xlen(queue.stream) == 2
+    assert await redis.xlen(queue.stream) == 2
 
 
-async def test_front_end_liveness(client: Redis, settings: ClusterSettings) -> None:
-    queue = await make_queue(client, settings)
+async def test_front_end_liveness(redis: Redis, settings: ClusterSettings) -> None:
+    queue = await make_queue(redis, settings)
     assert not await queue.touch_frontend("a")  # had never been alive
     assert await queue.touch_frontend("a")
     await queue.touch_frontend("b")
@@ -163,8 +163,8 @@ async def test_front_end_liveness(client: Redis, settings: ClusterSettings) -> N
     assert await queue.alive_frontends({"a", "b"}) == {"b"}
 
 
-async def test_worker_count_follows_heartbeats(client: Redis, settings: ClusterSettings) -> None:
-    queue = await make_queue(client, settings)
+async def test_worker_count_follows_heartbeats(redis: Redis, settings: ClusterSettings) -> None:
+    queue = await make_queue(redis, settings)
     await queue.heartbeat("w1", 4)
     await queue.heartbeat("w2", 8)
     stats = await queue.stats()
@@ -178,9 +178,9 @@ async def test_worker_count_follows_heartbeats(client: Redis, settings: ClusterS
 
 
 async def test_deregister_keeps_a_consumer_that_still_holds_calls(
-    client: Redis, settings: ClusterSettings
+    redis: Redis, settings: ClusterSettings
 ) -> None:
-    queue = await make_queue(client, settings)
+    queue = await make_queue(redis, settings)
     await queue.enqueue(task(1))
     await queue.read_new("w1", count=1, block_s=0.1)
     await queue.deregister("w1")

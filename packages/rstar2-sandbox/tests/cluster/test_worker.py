@@ -64,8 +64,8 @@ def task(n: int | str, reply_to: str = "fe") -> TaskMessage:
 
 
 @pytest_asyncio.fixture
-async def queue(client: Redis, settings: ClusterSettings) -> ClusterQueue:
-    queue = ClusterQueue(client, settings)
+async def queue(redis: Redis, settings: ClusterSettings) -> ClusterQueue:
+    queue = ClusterQueue(redis, settings)
     await queue.ensure_group()
     await queue.touch_frontend("fe")
     return queue

@@ -82,9 +82,13 @@ class RedisDispatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
         self._loops = []
+        # Calls still waiting are refused as retryable (503 over HTTP), not failed: their
+        # clients resubmit them to another front end instead of taking a bogus internal_error.
         for waiter in self._waiters.values():
             if not waiter.future.done():
-                waiter.future.set_result(internal_error("the front end shut down"))
+                waiter.future.set_exception(
+                    QueueFullError(self.settings.retry_after_s, "the front end is shutting down")
+                )
         if self._queue is not None:
             with contextlib.suppress(RedisError):
                 await self._queue.drop_frontend(self.frontend_id)
