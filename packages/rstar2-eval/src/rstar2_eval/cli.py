@@ -31,16 +31,15 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-console = Console()
-errors = Console(stderr=True)
 logger = logging.getLogger("rstar2_eval")
 
 
-def _setup_logging(verbose: bool) -> None:
+def _setup_logging(verbose: bool, errors: Console) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(message)s",
         handlers=[RichHandler(console=errors, show_path=False)],
+        force=True,
     )
 
 
@@ -113,7 +112,8 @@ def score(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress details.")] = False,
 ) -> None:
     """Grade a generations file against its benchmarks and report per-benchmark metrics."""
-    _setup_logging(verbose)
+    console, errors = Console(), Console(stderr=True)
+    _setup_logging(verbose, errors)
     config = GraderConfig(
         boxed_fallback=boxed_fallback,
         timeout_s=timeout,
@@ -125,7 +125,7 @@ def score(
         names = sorted({n.generation.benchmark for n in numbered} & set(BENCHMARKS))
         # Unknown names are reported by score_generations, with their line.
         benchmarks = {name: load_benchmark(name, data_dir) for name in names}
-        with Grader(config) as grader, _progress() as progress:
+        with Grader(config) as grader, _progress(errors) as progress:
             task = progress.add_task("grading", total=len(numbered))
             result = score_generations(
                 numbered,
@@ -133,7 +133,7 @@ def score(
                 grader,
                 origin=str(generations),
                 ks=k,
-                on_graded=lambda count: progress.advance(task, count),
+                on_graded=lambda graded: progress.advance(task, len(graded)),
             )
             if grader.worker_replacements:
                 logger.warning(
@@ -162,7 +162,7 @@ def score(
         console.print(f"wrote {path}", highlight=False)
 
 
-def _progress() -> Progress:
+def _progress(errors: Console) -> Progress:
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -190,4 +190,4 @@ def benchmarks() -> None:
             spec.local_file,
             spec.answer_format,
         )
-    console.print(table)
+    Console().print(table)

@@ -24,8 +24,8 @@ GradeStatus = Literal["correct", "incorrect", "no_answer", "timeout", "ungradabl
 GradeMethod = Literal["integer", "choice", "math_verify"]
 """Which path decided: the in-process integer or choice comparison, or math-verify."""
 
-ProgressCallback = Callable[[int], None]
-"""Called with the number of items that just got their grade."""
+ProgressCallback = Callable[[list[int]], None]
+"""Called with the positions of the items that just got their grade."""
 
 
 class Grade(BaseModel):
@@ -150,7 +150,7 @@ class Grader:
         grades: list[Grade | None] = [None] * len(answers)
         # Identical (answer, gold) pairs are common (k samples agreeing); verify each once.
         groups: dict[tuple[str, str], list[int]] = {}
-        decided = 0
+        decided: list[int] = []
         for index, (answer, gold, fmt) in enumerate(zip(answers, golds, formats, strict=True)):
             grade = self._decide_in_process(answer, gold, fmt)
             if grade is None:
@@ -158,7 +158,7 @@ class Grader:
                 groups.setdefault((answer, gold), []).append(index)
             else:
                 grades[index] = grade
-                decided += 1
+                decided.append(index)
         if on_graded is not None and decided:
             on_graded(decided)
         if groups:
@@ -176,7 +176,7 @@ class Grader:
                 for index in indices:
                     grades[index] = grade
                 if on_graded is not None:
-                    on_graded(len(indices))
+                    on_graded(indices)
 
             with self._lock:
                 self._pool.verify(items, land)
@@ -213,6 +213,11 @@ class Grader:
         return await asyncio.to_thread(
             self.grade_many, responses, golds, answer_format=answer_format
         )
+
+    @property
+    def pool_started(self) -> bool:
+        """Whether any worker process was ever started (the fast paths never start one)."""
+        return self._pool.started
 
     @property
     def worker_replacements(self) -> int:

@@ -41,9 +41,10 @@ def plot_scores(report: ScoreReport, path: Path) -> None:
         [f"{s.benchmark}\n(k={s.min_samples})" for s in report.benchmarks], fontsize=9
     )
     axes.set_ylabel("accuracy (%)")
-    axes.set_ylim(0, 110)
+    axes.set_ylim(0, 108)
     axes.set_title("rstar2-eval: scores per benchmark (k = samples per problem)")
-    axes.legend(loc="upper right", fontsize=8, ncols=3)
+    # Below the axes, so it never covers the bar labels near 100%.
+    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, ncols=3, frameon=False)
     axes.grid(axis="y", alpha=0.3)
     figure.tight_layout()
     with atomic_output(path) as temporary:

@@ -21,7 +21,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import NamedTuple
 
-from rstar2_eval.worker import READY, VerifyStatus, serve
+from rstar2_eval.verification import math_verify_equal
+from rstar2_eval.worker import READY, Verifier, VerifyStatus, serve
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def _shutdown(workers: list[_Worker]) -> None:
 
 
 class VerifierPool:
-    """Worker processes that run math-verify on ``(answer, gold)`` items.
+    """Worker processes that run a verifier (math-verify by default) on ``(answer, gold)`` items.
 
     Workers start lazily on the first call and are reused until ``close()``. Not thread-safe:
     one call at a time (``Grader`` serializes its callers).
@@ -80,6 +81,7 @@ class VerifierPool:
         kill_grace_s: float = 1.0,
         memory_limit_mb: int | None = 2048,
         start_timeout_s: float = 120.0,
+        verifier: Verifier = math_verify_equal,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
@@ -90,7 +92,9 @@ class VerifierPool:
         self.kill_grace_s = kill_grace_s
         self.memory_limit_mb = memory_limit_mb
         self.start_timeout_s = start_timeout_s
+        self.verifier = verifier
         self.replacements = 0
+        self.started = False
         # spawn, not fork: the parent may hold threads, CUDA contexts or an event loop.
         self._context = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
@@ -100,7 +104,7 @@ class VerifierPool:
         parent_end, child_end = self._context.Pipe(duplex=True)
         process = self._context.Process(
             target=serve,
-            args=(child_end, self.timeout_s, self.memory_limit_mb),
+            args=(child_end, self.verifier, self.timeout_s, self.memory_limit_mb),
             name="rstar2-eval-grader",
             daemon=True,
         )
@@ -119,6 +123,7 @@ class VerifierPool:
             self._finalizer = weakref.finalize(self, _shutdown, self._workers)
         while len(self._workers) < self.size:
             self._workers.append(self._start_worker())
+        self.started = True
 
     def verify(
         self,

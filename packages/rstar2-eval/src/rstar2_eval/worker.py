@@ -9,9 +9,16 @@ from __future__ import annotations
 import logging
 import resource
 import signal
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Literal
+
+from rstar2_eval.verification import GoldParseError
+
+Verifier = Callable[[str, str], bool]
+"""``(answer, gold) -> equal``: importable by name (spawned workers receive it by reference) and
+callable on the warm-up item ``("1/2", "\\frac{1}{2}")`` without raising."""
 
 VerifyStatus = Literal["correct", "incorrect", "timeout", "ungradable"]
 """What a worker reports for one item."""
@@ -40,29 +47,31 @@ def _limit_memory(extra_mb: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def verify_item(answer: str, gold: str, timeout_s: float) -> tuple[VerifyStatus, str | None]:
-    """Grade one item with math-verify under an alarm; never raises for a bad item."""
-    from rstar2_eval.verification import GoldParseError, math_verify_equal
-
+def verify_item(
+    verifier: Verifier, answer: str, gold: str, timeout_s: float
+) -> tuple[VerifyStatus, str | None]:
+    """Run ``verifier`` on one item under an alarm; never raises for a bad item."""
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
         try:
-            equal = math_verify_equal(answer, gold)
+            equal = verifier(answer, gold)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except ItemTimeout:
-        return "timeout", f"math-verify ran past {timeout_s:g} s"
+        return "timeout", f"verification ran past {timeout_s:g} s"
     except GoldParseError as error:
         return "ungradable", str(error)
     except MemoryError:
-        return "ungradable", "math-verify ran out of memory"
+        return "ungradable", "verification ran out of memory"
     except Exception as error:
         # Only the type: formatting a huge sympy object can itself hang.
-        return "ungradable", f"math-verify failed with {type(error).__name__}"
+        return "ungradable", f"verification failed with {type(error).__name__}"
     return ("correct" if equal else "incorrect"), None
 
 
-def serve(connection: Connection, timeout_s: float, memory_limit_mb: int | None) -> None:
+def serve(
+    connection: Connection, verifier: Verifier, timeout_s: float, memory_limit_mb: int | None
+) -> None:
     """Worker main loop: warm up, say READY, then answer ``(key, answer, gold)`` requests.
 
     A ``None`` request (or a closed pipe) ends the loop.
@@ -74,7 +83,10 @@ def serve(connection: Connection, timeout_s: float, memory_limit_mb: int | None)
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     if memory_limit_mb is not None:
         _limit_memory(memory_limit_mb)
-    verify_item("1/2", "\\frac{1}{2}", max(timeout_s, 30.0))
+    # Warm up (imports, parser caches) with no alarm: an alarm landing inside an import would
+    # leave modules half-initialized; the parent's start timeout bounds this instead. An error
+    # here (a broken install) ends the worker before READY, which the parent reports.
+    verifier("1/2", "\\frac{1}{2}")
     connection.send(READY)
     while True:
         try:
@@ -84,4 +96,4 @@ def serve(connection: Connection, timeout_s: float, memory_limit_mb: int | None)
         if request is None:
             return
         key, answer, gold = request
-        connection.send((key, *verify_item(answer, gold, timeout_s)))
+        connection.send((key, *verify_item(verifier, answer, gold, timeout_s)))

@@ -1,0 +1,38 @@
+"""Shared fixtures: the benchmark files and one warm grader for the whole session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rstar2_eval import Grader, GraderConfig
+
+# Helper modules next to the tests (e.g. a verifier that hangs) must be importable by name in
+# spawned worker processes, which inherit sys.path.
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+
+_DEFAULT_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "benchmarks"
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The local benchmark copies (override with RSTAR2_BENCHMARK_DIR)."""
+    path = Path(os.environ.get("RSTAR2_BENCHMARK_DIR", _DEFAULT_DATA))
+    if not (path / "aime24.jsonl").is_file():
+        pytest.skip(f"benchmark files not found under {path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def grader() -> Iterator[Grader]:
+    """Two warm workers shared by the tests (worker start-up is the slow part).
+
+    The answer-length guard is raised so that hostile long answers reach the workers.
+    """
+    with Grader(GraderConfig(workers=2, timeout_s=3.0, max_answer_chars=200_000)) as shared:
+        shared.warm_up()
+        yield shared
