@@ -60,9 +60,13 @@ def _blocks(logits: torch.Tensor, rows: int, prefix: tuple[int, ...] = ()) -> It
         yield flat[start : start + rows], prefix, slice(start, start + rows)
 
 
-def _scaled(block: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``block / temperature`` in the compute dtype, as a fresh tensor safe to modify."""
-    scaled = block.to(_compute_dtype(block.dtype), copy=True)
+def _scaled(block: torch.Tensor, temperature: float, *, writable: bool) -> torch.Tensor:
+    """``block / temperature`` in the compute dtype; a fresh tensor if ``writable``, else
+    ``block`` itself when it needs neither upcast nor scaling (saves a pass over the chunk)."""
+    dtype = _compute_dtype(block.dtype)
+    if not writable and block.dtype == dtype and temperature == 1.0:
+        return block
+    scaled = block.to(dtype, copy=True)
     return scaled if temperature == 1.0 else scaled.div_(temperature)
 
 
@@ -76,7 +80,7 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         log_norm = torch.empty(token_ids.shape, dtype=dtype, device=logits.device)
         for block, prefix, rows_slice in _blocks(logits, rows):
             ids = token_ids[prefix].reshape(-1, 1)[rows_slice]
-            scaled = _scaled(block, temperature)
+            scaled = _scaled(block, temperature, writable=False)
             picked_logit = scaled.gather(-1, ids).squeeze(-1)
             picked = torch.log_softmax(scaled, dim=-1).gather(-1, ids).squeeze(-1)
             out[prefix].view(-1)[rows_slice] = picked
@@ -98,7 +102,7 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
             ids = token_ids[prefix].reshape(-1, 1)[rows_slice]
             upstream = grad_out[prefix].reshape(-1, 1)[rows_slice]
             norm = log_norm[prefix].reshape(-1, 1)[rows_slice]
-            grad = _scaled(block, temperature).sub_(norm).exp_().mul_(-upstream)
+            grad = _scaled(block, temperature, writable=True).sub_(norm).exp_().mul_(-upstream)
             grad.scatter_add_(-1, ids, upstream)
             grad_logits[prefix].view(-1, logits.shape[-1])[rows_slice] = grad
         return grad_logits, None, None, None
@@ -148,6 +152,6 @@ def entropy_from_logits(
     rows = _check_common(logits, temperature, chunk_size)
     out = torch.empty(logits.shape[:-1], dtype=_compute_dtype(logits.dtype), device=logits.device)
     for block, prefix, rows_slice in _blocks(logits, rows):
-        probs = torch.log_softmax(_scaled(block, temperature), dim=-1).exp_()
+        probs = torch.log_softmax(_scaled(block, temperature, writable=False), dim=-1).exp_()
         out[prefix].view(-1)[rows_slice] = torch.special.entr(probs).sum(dim=-1)
     return out
