@@ -1,0 +1,34 @@
+"""Simulation for scheduler benchmarks: a virtual-time event loop, ``SimEngine``, workloads."""
+
+from rstar2_scheduler.sim.bench import (
+    BenchConfig,
+    BenchReport,
+    PolicyRun,
+    TargetCheck,
+    run_benchmark,
+)
+from rstar2_scheduler.sim.bounds import LowerBound, lower_bound
+from rstar2_scheduler.sim.clock import VirtualTimeEventLoop, run_virtual
+from rstar2_scheduler.sim.distributions import LogNormal
+from rstar2_scheduler.sim.engine import SimEngine, SimEngineConfig, SimEngineCounters
+from rstar2_scheduler.sim.workload import PlannedTurn, RolloutPlan, Workload, WorkloadConfig
+
+__all__ = [
+    "BenchConfig",
+    "BenchReport",
+    "LogNormal",
+    "LowerBound",
+    "PlannedTurn",
+    "PolicyRun",
+    "RolloutPlan",
+    "SimEngine",
+    "SimEngineConfig",
+    "SimEngineCounters",
+    "TargetCheck",
+    "VirtualTimeEventLoop",
+    "Workload",
+    "WorkloadConfig",
+    "lower_bound",
+    "run_benchmark",
+    "run_virtual",
+]

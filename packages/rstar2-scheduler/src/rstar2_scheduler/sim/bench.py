@@ -1,0 +1,176 @@
+"""The scheduler benchmark: the same simulated rollout phase under each placement policy.
+
+Each policy gets fresh ``SimEngine`` instances and a fresh ``VirtualTimeEventLoop``, and runs the
+production ``RolloutScheduler`` unchanged over the same planned rollouts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rstar2_scheduler.metrics import PhaseMetrics
+from rstar2_scheduler.policies import POLICY_NAMES, PolicyName
+from rstar2_scheduler.scheduler import JobResult, RolloutJob, RolloutScheduler
+from rstar2_scheduler.sim.bounds import LowerBound, lower_bound
+from rstar2_scheduler.sim.clock import run_virtual
+from rstar2_scheduler.sim.engine import SimEngine, SimEngineConfig, SimEngineCounters
+from rstar2_scheduler.sim.workload import RolloutPlan, Workload, WorkloadConfig
+
+# The paper's figures for its scheduler against a static split (rStar2-Agent, section 3.2).
+TARGET_IDLE_REDUCTION = 0.60
+TARGET_SPEEDUP = 1.45
+TARGET_BOUND_GAP = 0.15
+
+
+class BenchConfig(BaseModel):
+    """Engines, workload and scheduler settings of one benchmark run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engines: int = Field(default=8, gt=0, description="Simulated inference engines.")
+    workload: WorkloadConfig = WorkloadConfig()
+    engine: SimEngineConfig = Field(
+        default=SimEngineConfig(),
+        description="Engine model; its output_tokens is replaced by workload.turn_tokens.",
+    )
+    policies: tuple[PolicyName, ...] = Field(default=POLICY_NAMES, min_length=1)
+    overcommit: float = Field(default=1 / 0.7, gt=0, description="kv-aware over-commitment.")
+    max_concurrency: int | None = Field(default=None, gt=0, description="Rollouts in flight.")
+    kv_sample_interval_s: float = Field(default=1.0, gt=0)
+
+    @property
+    def engine_config(self) -> SimEngineConfig:
+        return self.engine.model_copy(update={"output_tokens": self.workload.turn_tokens})
+
+
+class PolicyRun(BaseModel):
+    """One policy's phase: the scheduler's metrics and what each engine did."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metrics: PhaseMetrics
+    engines: list[SimEngineCounters]
+    wall_s: float = Field(description="Real time the simulation took.")
+
+    @property
+    def recomputed_tokens(self) -> int:
+        return sum(e.recomputed_tokens for e in self.engines)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(e.prefill_tokens for e in self.engines)
+
+
+class TargetCheck(BaseModel):
+    """One benchmark target and whether the measured value meets it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    value: float
+    target: str
+    met: bool
+
+
+class BenchReport(BaseModel):
+    """Results of every policy on one workload, with the lower bound and the target checks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    config: BenchConfig
+    response_tokens_mean: float
+    truncated_fraction: float
+    turns_mean: float
+    bound: LowerBound
+    runs: dict[str, PolicyRun]
+
+    def targets(self) -> list[TargetCheck]:
+        """kv-aware against static and against the lower bound (needs those two policies)."""
+        if "kv-aware" not in self.runs or "static" not in self.runs:
+            return []
+        kv, static = self.runs["kv-aware"].metrics, self.runs["static"].metrics
+        idle_cut = 1 - kv.idle_s / static.idle_s if static.idle_s else 0.0
+        speedup = static.makespan_s / kv.makespan_s
+        gap = kv.makespan_s / self.bound.bound_s - 1
+        return [
+            TargetCheck(
+                name="idle time cut vs static",
+                value=idle_cut,
+                target=f">= {TARGET_IDLE_REDUCTION:.0%}",
+                met=idle_cut >= TARGET_IDLE_REDUCTION,
+            ),
+            TargetCheck(
+                name="rollout-phase speed-up vs static",
+                value=speedup,
+                target=f">= {TARGET_SPEEDUP:.2f}x",
+                met=speedup >= TARGET_SPEEDUP,
+            ),
+            TargetCheck(
+                name="makespan above lower bound",
+                value=gap,
+                target=f"<= {TARGET_BOUND_GAP:.0%}",
+                met=gap <= TARGET_BOUND_GAP,
+            ),
+        ]
+
+
+async def _run_phase(
+    config: BenchConfig,
+    policy: PolicyName,
+    workload: Workload,
+    on_result: Callable[[JobResult[RolloutPlan]], None] | None,
+) -> PolicyRun:
+    engines = [SimEngine(config.engine_config, name=f"engine-{i}") for i in range(config.engines)]
+    jobs = [
+        RolloutJob(
+            run=partial(workload.run_rollout, plan),
+            kv_tokens=workload.kv_tokens(plan),
+            key=str(plan.index),
+        )
+        for plan in workload.plans
+    ]
+    scheduler = RolloutScheduler(
+        engines,
+        policy=policy,
+        overcommit=config.overcommit,
+        max_concurrency=config.max_concurrency,
+        kv_sample_interval_s=config.kv_sample_interval_s,
+    )
+    async with scheduler:
+        phase = await scheduler.run(jobs, on_result=on_result)
+    failures = [r for r in phase.results if not r.ok]
+    if failures:
+        raise RuntimeError(f"{len(failures)} simulated rollouts failed, first: {failures[0].error}")
+    return PolicyRun(
+        metrics=phase.metrics,
+        engines=[engine.counters.model_copy() for engine in engines],
+        wall_s=0.0,
+    )
+
+
+def run_benchmark(
+    config: BenchConfig,
+    *,
+    on_result: Callable[[PolicyName, JobResult[RolloutPlan]], None] | None = None,
+) -> BenchReport:
+    """Run every configured policy on the workload; ``on_result`` sees each finished rollout."""
+    workload = Workload(config.workload)
+    plans = workload.plans
+    runs: dict[str, PolicyRun] = {}
+    for policy in config.policies:
+        callback = None if on_result is None else (lambda r, p=policy: on_result(p, r))
+        began = time.perf_counter()
+        run = run_virtual(_run_phase(config, policy, workload, callback))
+        runs[policy] = run.model_copy(update={"wall_s": time.perf_counter() - began})
+    return BenchReport(
+        config=config,
+        response_tokens_mean=sum(p.response_tokens for p in plans) / len(plans),
+        truncated_fraction=sum(p.truncated for p in plans) / len(plans),
+        turns_mean=sum(len(p.turns) for p in plans) / len(plans),
+        bound=lower_bound(plans, config.engine_config, config.engines),
+        runs=runs,
+    )
