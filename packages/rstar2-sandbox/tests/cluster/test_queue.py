@@ -7,7 +7,14 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 
-from rstar2_sandbox.cluster import ClusterQueue, ClusterSettings, ResultMessage, TaskMessage
+from rstar2_sandbox.cluster import (
+    ClusterQueue,
+    ClusterSettings,
+    ResultMessage,
+    TaskMessage,
+    WorkerInfo,
+)
+from rstar2_sandbox.isolation import IsolationFeature, IsolationReport
 from rstar2_sandbox.models import RunRequest, RunResult, RunStatus
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.cluster]
@@ -163,18 +170,31 @@ async def test_front_end_liveness(redis: Redis, settings: ClusterSettings) -> No
     assert await queue.alive_frontends({"a", "b"}) == {"b"}
 
 
-async def test_worker_count_follows_heartbeats(redis: Redis, settings: ClusterSettings) -> None:
+def report(active: bool) -> IsolationReport:
+    feature = IsolationFeature(active=active, detail="" if active else "not permitted")
+    return IsolationReport.model_validate(dict.fromkeys(IsolationReport.model_fields, feature))
+
+
+async def test_stats_merge_what_live_workers_report(
+    redis: Redis, settings: ClusterSettings
+) -> None:
     queue = await make_queue(redis, settings)
-    await queue.heartbeat("w1", 4)
-    await queue.heartbeat("w2", 8)
+    assert (await queue.stats()).isolation is None  # nothing known without workers
+    await queue.heartbeat(
+        "w1", WorkerInfo(slots=4, preloaded=["numpy", "sympy"], isolation=report(True))
+    )
+    await queue.heartbeat("w2", WorkerInfo(slots=8, preloaded=["numpy"], isolation=report(False)))
     stats = await queue.stats()
-    assert (stats.workers, stats.slots) == (2, 12)
-    await queue.deregister("w1")
+    assert (stats.workers, stats.slots, stats.preloaded) == (2, 12, ("numpy",))
+    assert stats.isolation is not None
+    assert not stats.isolation.network_namespace.active  # active only where active on all
+    await queue.deregister("w2")
     stats = await queue.stats()
-    assert (stats.workers, stats.slots) == (1, 8)
-    await asyncio.sleep(settings.lease_s + 0.1)
+    assert (stats.workers, stats.slots, stats.preloaded) == (1, 4, ("numpy", "sympy"))
+    assert stats.isolation == report(True)
+    await asyncio.sleep(settings.lease_s + 0.1)  # w1 stops heartbeating: its lease runs out
     stats = await queue.stats()
-    assert (stats.workers, stats.slots) == (0, 0)
+    assert (stats.workers, stats.slots, stats.isolation) == (0, 0, None)
 
 
 async def test_deregister_keeps_a_consumer_that_still_holds_calls(
@@ -187,3 +207,12 @@ async def test_deregister_keeps_a_consumer_that_still_holds_calls(
     await asyncio.sleep(settings.lease_s + 0.1)
     (claimed,) = await queue.claim_stale("w2", count=1)
     assert claimed.task == task(1)
+
+
+async def test_unreadable_result_is_skipped_not_fatal(
+    redis: Redis, settings: ClusterSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = await make_queue(redis, settings)
+    await redis.rpush(queue.reply_key("fe"), "not json", result(1).model_dump_json())
+    assert await queue.pop_results("fe", count=10, timeout_s=0.1) == [result(1)]
+    assert "unreadable result for front end fe" in caplog.text

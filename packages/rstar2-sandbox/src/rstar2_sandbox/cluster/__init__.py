@@ -14,7 +14,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from rstar2_sandbox.cluster.dispatcher import RedisDispatcher
-from rstar2_sandbox.cluster.messages import Delivery, ResultMessage, TaskMessage
+from rstar2_sandbox.cluster.messages import Delivery, ResultMessage, TaskMessage, WorkerInfo
 from rstar2_sandbox.cluster.queue import ClusterQueue, QueueStats, connect
 from rstar2_sandbox.cluster.settings import ClusterSettings
 from rstar2_sandbox.cluster.worker import ClusterWorker, WorkerCounters
@@ -29,5 +29,6 @@ __all__ = [
     "ResultMessage",
     "TaskMessage",
     "WorkerCounters",
+    "WorkerInfo",
     "connect",
 ]

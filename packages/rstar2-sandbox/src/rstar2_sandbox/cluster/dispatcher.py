@@ -53,7 +53,7 @@ class RedisDispatcher:
         self._queue: ClusterQueue | None = None
         self._waiters: dict[str, _Waiter] = {}
         self._loops: list[asyncio.Task[None]] = []
-        self._cluster = QueueStats(queue_depth=0, in_flight=0, workers=0, slots=0)
+        self._cluster = QueueStats(queue_depth=0, in_flight=0, workers=0)
         self.unclaimed_results = 0
         """Results that arrived for no waiter (it timed out or its client went away)."""
 
@@ -122,6 +122,8 @@ class RedisDispatcher:
             in_flight=self._cluster.in_flight,
             workers=self._cluster.workers,
             slots=self._cluster.slots,
+            preloaded=list(self._cluster.preloaded),
+            isolation=self._cluster.isolation,
         )
 
     async def _receive_results(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rstar2_sandbox.isolation import IsolationReport
 from rstar2_sandbox.models import RunRequest, RunResult, RunStatus
 
 
@@ -65,6 +66,18 @@ class Delivery(BaseModel):
             return cls(**found, error=error)
         task = TaskMessage(request_id=request_id, reply_to=reply_to, request=request)
         return cls(**found, task=task)
+
+
+class WorkerInfo(BaseModel):
+    """What a worker tells front ends with each heartbeat, for /v1/info and /healthz."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slots: int = Field(ge=1, description="Calls it runs at once.")
+    preloaded: list[str] = Field(default_factory=list, description="Modules its executors load.")
+    isolation: IsolationReport | None = Field(
+        default=None, description="Isolation of its executors, where known."
+    )
 
 
 def internal_error(message: str) -> RunResult:

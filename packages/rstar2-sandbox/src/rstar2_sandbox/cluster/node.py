@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 
+from rstar2_sandbox.cluster.messages import WorkerInfo
 from rstar2_sandbox.cluster.queue import ClusterQueue, connect
 from rstar2_sandbox.cluster.settings import ClusterSettings
 from rstar2_sandbox.cluster.worker import DEFAULT_BATCH_SIZE, ClusterWorker
@@ -43,6 +44,11 @@ async def run_worker_node(
             slots=executor.total_slots,
             batch_size=batch_size,
             drain_timeout_s=drain_timeout_s,
+            info=WorkerInfo(
+                slots=executor.total_slots,
+                preloaded=sandbox.pool.preloaded,
+                isolation=sandbox.isolation,
+            ),
         )
         await worker.run(stop)
     finally:

@@ -20,12 +20,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
+from pydantic import ValidationError
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
-from rstar2_sandbox.cluster.messages import Delivery, ResultMessage, TaskMessage
+from rstar2_sandbox.cluster.messages import Delivery, ResultMessage, TaskMessage, WorkerInfo
 from rstar2_sandbox.cluster.settings import ClusterSettings
+from rstar2_sandbox.isolation import IsolationReport
 
 logger = logging.getLogger(__name__)
 
@@ -68,16 +70,16 @@ end
 return ms
 """
 
-# Live workers and their slots, summed.
-_COUNT_ALIVE = """
+# What the live workers reported in their last heartbeat.
+_LIVE_WORKERS = """
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], ms, '+inf')
-local slots = 0
-for _, id in ipairs(live) do
-  slots = slots + (tonumber(redis.call('HGET', KEYS[2], id)) or 0)
+local infos = {}
+for i, id in ipairs(live) do
+  infos[i] = redis.call('HGET', KEYS[2], id) or '{}'
 end
-return {#live, slots}
+return infos
 """
 
 
@@ -91,8 +93,27 @@ class QueueStats:
     """Calls handed to a worker and not yet done."""
     workers: int
     """Workers whose last heartbeat is younger than their lease."""
-    slots: int
+    slots: int = 0
     """Calls those workers can run at once."""
+    preloaded: tuple[str, ...] = ()
+    """Modules every one of them preloads."""
+    isolation: IsolationReport | None = None
+    """Isolation in force on all of them (None while none is known)."""
+
+    @classmethod
+    def of(cls, queue_depth: int, in_flight: int, infos: list[WorkerInfo | None]) -> QueueStats:
+        """Counts plus the live workers' reports (None: a worker whose report is unreadable)."""
+        known = [info for info in infos if info is not None]
+        reports = [info.isolation for info in known if info.isolation is not None]
+        preloaded = set.intersection(*(set(i.preloaded) for i in known)) if known else set()
+        return cls(
+            queue_depth=queue_depth,
+            in_flight=in_flight,
+            workers=len(infos),
+            slots=sum(info.slots for info in known),
+            preloaded=tuple(sorted(preloaded)),
+            isolation=IsolationReport.merge(reports) if reports else None,
+        )
 
 
 def connect(url: str, max_connections: int = 64) -> Redis[str]:
@@ -105,6 +126,14 @@ def connect(url: str, max_connections: int = 64) -> Redis[str]:
     )
     # decode_responses is the pool's; repeated here for the type of the client.
     return Redis(connection_pool=pool, decode_responses=True)
+
+
+def _worker_info(raw: str) -> WorkerInfo | None:
+    try:
+        return WorkerInfo.model_validate_json(raw)
+    except ValidationError:
+        logger.warning("unreadable worker report in Redis: %.200s", raw)
+        return None
 
 
 def _ms(seconds: float) -> int:
@@ -120,12 +149,12 @@ class ClusterQueue:
         prefix = settings.key_prefix
         self.stream = f"{prefix}:tasks"
         self.workers_key = f"{prefix}:workers"
-        self.slots_key = f"{prefix}:worker_slots"
+        self.info_key = f"{prefix}:worker_info"
         self._prefix = prefix
         self._enqueue = redis.register_script(_ENQUEUE)
         self._complete = redis.register_script(_COMPLETE)
         self._heartbeat = redis.register_script(_HEARTBEAT)
-        self._count_alive = redis.register_script(_COUNT_ALIVE)
+        self._live_workers = redis.register_script(_LIVE_WORKERS)
 
     def result_key(self, request_id: str) -> str:
         return f"{self._prefix}:result:{request_id}"
@@ -166,7 +195,14 @@ class ClusterQueue:
         if reply is None:
             return []
         _key, items = cast(tuple[str, list[str]], reply)
-        return [ResultMessage.model_validate_json(item) for item in items]
+        results: list[ResultMessage] = []
+        for item in items:
+            try:
+                results.append(ResultMessage.model_validate_json(item))
+            except ValidationError as exc:
+                # Its caller cannot be known; it gets internal_error at its result timeout.
+                logger.error("unreadable result for front end %s: %s", frontend_id, exc)
+        return results
 
     async def touch_frontend(self, frontend_id: str) -> bool:
         """Refresh a front end's liveness key; False when it had lapsed (or never existed)."""
@@ -185,13 +221,12 @@ class ClusterQueue:
             pipe.xlen(self.stream)
             pipe.xpending(self.stream, GROUP)
             queued, pending = await pipe.execute()
-        workers, slots = await self._count_alive(keys=[self.workers_key, self.slots_key])
+        infos = await self._live_workers(keys=[self.workers_key, self.info_key])
         running = int(pending["pending"])
-        return QueueStats(
+        return QueueStats.of(
             queue_depth=max(0, int(queued) - running),
             in_flight=running,
-            workers=int(workers),
-            slots=int(slots),
+            infos=[_worker_info(raw) for raw in infos],
         )
 
     # --- worker side ------------------------------------------------------------------------
@@ -284,17 +319,17 @@ class ClusterQueue:
         flags = await self.redis.mget([self.frontend_key(fid) for fid in ordered])
         return {fid for fid, flag in zip(ordered, flags, strict=True) if flag is not None}
 
-    async def heartbeat(self, worker_id: str, slots: int) -> None:
-        """Record that a worker with ``slots`` is alive (and forget long-dead ones)."""
+    async def heartbeat(self, worker_id: str, info: WorkerInfo) -> None:
+        """Record that a worker is alive and what it offers (and forget long-dead ones)."""
         await self._heartbeat(
-            keys=[self.workers_key, self.slots_key],
-            args=[worker_id, _ms(self.settings.lease_s), slots],
+            keys=[self.workers_key, self.info_key],
+            args=[worker_id, _ms(self.settings.lease_s), info.model_dump_json()],
         )
 
     async def deregister(self, worker_id: str) -> None:
         """Remove a stopping worker from the count, and its consumer once it holds nothing."""
         await self.redis.zrem(self.workers_key, worker_id)
-        await self.redis.hdel(self.slots_key, worker_id)
+        await self.redis.hdel(self.info_key, worker_id)
         held = await self.redis.xpending_range(
             self.stream, GROUP, min="-", max="+", count=1, consumername=worker_id
         )

@@ -11,7 +11,13 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from rstar2_sandbox.cluster.messages import Delivery, ResultMessage, TaskMessage, internal_error
+from rstar2_sandbox.cluster.messages import (
+    Delivery,
+    ResultMessage,
+    TaskMessage,
+    WorkerInfo,
+    internal_error,
+)
 from rstar2_sandbox.cluster.queue import ClusterQueue
 from rstar2_sandbox.protocol import Sandbox
 
@@ -53,6 +59,7 @@ class ClusterWorker:
         worker_id: str | None = None,
         drain_timeout_s: float = 30.0,
         poll_s: float = 0.5,
+        info: WorkerInfo | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}")
@@ -65,6 +72,7 @@ class ClusterWorker:
         self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
         self.drain_timeout_s = drain_timeout_s
         self.poll_s = poll_s
+        self.info = info or WorkerInfo(slots=slots)
         self.counters = WorkerCounters()
         self._held: dict[str, TaskMessage] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -78,7 +86,7 @@ class ClusterWorker:
         """Serve until ``stop`` is set, then finish (or hand back) the calls held."""
         settings = self.queue.settings
         await self.queue.ensure_group()
-        await self.queue.heartbeat(self.worker_id, self.slots)
+        await self.queue.heartbeat(self.worker_id, self.info)
         keeper = asyncio.create_task(self._keep_alive())
         logger.info(
             "worker %s serving: %d slots, batches of up to %d",
@@ -203,7 +211,7 @@ class ClusterWorker:
         interval = self.queue.settings.lease_s / 3
         while True:
             try:
-                await self.queue.heartbeat(self.worker_id, self.slots)
+                await self.queue.heartbeat(self.worker_id, self.info)
                 await self.queue.renew(self.worker_id, list(self._held))
             except RedisError:
                 logger.exception("worker %s could not renew its leases", self.worker_id)
