@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from rstar2_sandbox.client import SandboxClientError as SandboxClientError
     from rstar2_sandbox.client import SandboxUnavailableError as SandboxUnavailableError
     from rstar2_sandbox.client import SyncSandboxClient as SyncSandboxClient
+    from rstar2_sandbox.cluster import ClusterSettings as ClusterSettings
+    from rstar2_sandbox.cluster import ClusterWorker as ClusterWorker
+    from rstar2_sandbox.cluster import RedisDispatcher as RedisDispatcher
     from rstar2_sandbox.dispatch import Dispatcher as Dispatcher
     from rstar2_sandbox.dispatch import DispatcherStats as DispatcherStats
     from rstar2_sandbox.dispatch import LocalDispatcher as LocalDispatcher
@@ -40,6 +43,10 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "create_app": "rstar2_sandbox.app",
     "SandboxClient": "rstar2_sandbox.client",
+    # Cluster mode: importing these needs the 'cluster' extra (redis); the error says so.
+    "ClusterSettings": "rstar2_sandbox.cluster",
+    "ClusterWorker": "rstar2_sandbox.cluster",
+    "RedisDispatcher": "rstar2_sandbox.cluster",
     "SandboxClientError": "rstar2_sandbox.client",
     "SandboxUnavailableError": "rstar2_sandbox.client",
     "SyncSandboxClient": "rstar2_sandbox.client",
