@@ -6,6 +6,7 @@ Locally the tests skip when the ``redis-server`` binary is missing; with ``RSTAR
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -32,15 +33,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@contextlib.contextmanager
+def redis_server(workdir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server on a free loopback port, its files in ``workdir``: (url, process)."""
     binary = shutil.which("redis-server")
     if binary is None:
         message = "redis-server is not installed (apt-get install -y redis-server)"
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(f"{message}, and {REQUIRE_ENV}=1 makes the cluster tests mandatory")
         pytest.skip(message)
-    workdir: Path = tmp_path_factory.mktemp("redis")
     port = free_port()
     args = [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(workdir)]
     args += ["--save", "", "--appendonly", "no", "--protected-mode", "yes"]
@@ -58,10 +59,18 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     pytest.fail(f"redis-server on port {port} did not start")
                 time.sleep(0.05)
         client.close()
-        yield url
+        yield url, proc
     finally:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One redis-server for the session; tests keep apart by key prefix."""
+    with redis_server(tmp_path_factory.mktemp("redis")) as (url, _proc):
+        yield url
 
 
 @pytest.fixture

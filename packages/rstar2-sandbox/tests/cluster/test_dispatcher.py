@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -13,6 +14,7 @@ from rstar2_sandbox.cluster.queue import connect
 from rstar2_sandbox.dispatch import Dispatcher, QueueFullError
 from rstar2_sandbox.models import RunRequest, RunStatus
 
+from .conftest import redis_server
 from .test_worker import EchoSandbox
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.cluster]
@@ -109,6 +111,19 @@ async def test_full_queue_raises_with_retry_after(
     for outcome in await asyncio.gather(*waiting, return_exceptions=True):
         assert isinstance(outcome, QueueFullError)
         assert "shutting down" in str(outcome)
+
+
+async def test_unreachable_redis_refuses_calls_as_retryable(
+    tmp_path: Path, settings: ClusterSettings
+) -> None:
+    with redis_server(tmp_path) as (url, proc):
+        front = RedisDispatcher(url, settings)
+        await front.start()
+        proc.kill()
+        proc.wait()
+        with pytest.raises(QueueFullError, match="unreachable"):
+            await front.submit(RunRequest(code="1"))
+        await front.close()
 
 
 async def test_no_result_in_time_answers_internal_error(

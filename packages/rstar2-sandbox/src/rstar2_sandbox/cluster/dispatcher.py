@@ -102,8 +102,17 @@ class RedisDispatcher:
         waiter = _Waiter(task, asyncio.get_running_loop().create_future())
         self._waiters[request_id] = waiter
         try:
-            if not await self.queue.enqueue(task):
-                raise QueueFullError(retry_after_s=self.settings.retry_after_s)
+            retry_after_s = self.settings.retry_after_s
+            try:
+                accepted = await self.queue.enqueue(task)
+            except RedisError as exc:
+                # Retryable like a full queue: the call was not accepted.
+                logger.error("could not queue call %s: %s", request_id, exc)
+                raise QueueFullError(
+                    retry_after_s, f"the cluster queue is unreachable: {exc}"
+                ) from exc
+            if not accepted:
+                raise QueueFullError(retry_after_s)
             timeout = self.settings.result_timeout_s
             try:
                 return await asyncio.wait_for(waiter.future, timeout)
