@@ -19,6 +19,7 @@ from rstar2_sandbox.cluster.messages import (
     internal_error,
 )
 from rstar2_sandbox.cluster.queue import ClusterQueue
+from rstar2_sandbox.models import RunResult
 from rstar2_sandbox.protocol import Sandbox
 
 logger = logging.getLogger(__name__)
@@ -135,42 +136,37 @@ class ClusterWorker:
         if not deliveries:
             return
         alive = await self.queue.alive_frontends({d.reply_to for d in deliveries if d.reply_to})
-        gone: list[str] = []
+        drop: list[str] = []
         max_deliveries = self.queue.settings.max_deliveries
         for delivery in deliveries:
-            if delivery.request_id is None or delivery.reply_to is None:
-                logger.error("dropping unanswerable entry: %s", delivery.error)
-                gone.append(delivery.entry_id)
-            elif delivery.reply_to not in alive:
-                gone.append(delivery.entry_id)
+            entry_id, request_id, reply_to = (
+                delivery.entry_id,
+                delivery.request_id,
+                delivery.reply_to,
+            )
+            if request_id is None or reply_to is None:
+                logger.error("dropping an entry no one can be answered for: %s", delivery.error)
+                drop.append(entry_id)
+            elif reply_to not in alive:
+                logger.debug("dropping call %s: front end %s is gone", request_id, reply_to)
+                drop.append(entry_id)
                 self.counters.orphaned += 1
             elif delivery.task is None or delivery.deliveries > max_deliveries:
                 reason = delivery.error or (
-                    f"call {delivery.request_id} was handed to workers {delivery.deliveries} "
-                    f"times (at most {max_deliveries}); the workers holding it died"
+                    f"call {request_id} was handed to workers {delivery.deliveries} times "
+                    f"(at most {max_deliveries}); the workers holding it died"
                 )
-                logger.warning("failing call %s: %s", delivery.request_id, reason)
+                logger.warning("failing call %s: %s", request_id, reason)
                 self.counters.gave_up += 1
-                result = internal_error(reason)
-                await self._finish(
-                    delivery.entry_id,
-                    delivery.request_id,
-                    delivery.reply_to,
-                    ResultMessage(
-                        request_id=delivery.request_id,
-                        result=result,
-                        worker=self.worker_id,
-                        deliveries=delivery.deliveries,
-                    ),
-                )
+                message = self._message(request_id, internal_error(reason), delivery.deliveries)
+                await self._finish(entry_id, reply_to, message)
             else:
-                self._held[delivery.entry_id] = delivery.task
-                self._running[delivery.entry_id] = asyncio.create_task(
-                    self._execute(delivery.entry_id, delivery.task, delivery.deliveries)
+                self._held[entry_id] = delivery.task
+                self._running[entry_id] = asyncio.create_task(
+                    self._execute(entry_id, delivery.task, delivery.deliveries)
                 )
-        if gone:
-            logger.info("dropping %d call(s) whose front end is gone", len(gone))
-            await self.queue.discard(gone)
+        if drop:
+            await self.queue.discard(drop)
 
     async def _execute(self, entry_id: str, task: TaskMessage, deliveries: int) -> None:
         try:
@@ -179,21 +175,21 @@ class ClusterWorker:
             except Exception as exc:
                 logger.exception("sandbox failed on call %s", task.request_id)
                 result = internal_error(f"sandbox failed: {exc!r}")
-            message = ResultMessage(
-                request_id=task.request_id,
-                result=result,
-                worker=self.worker_id,
-                deliveries=deliveries,
-            )
-            await self._finish(entry_id, task.request_id, task.reply_to, message)
+            message = self._message(task.request_id, result, deliveries)
+            await self._finish(entry_id, task.reply_to, message)
         finally:
             self._held.pop(entry_id, None)
             self._running.pop(entry_id, None)
             self._room.set()
 
-    async def _finish(
-        self, entry_id: str, request_id: str, reply_to: str, message: ResultMessage
-    ) -> None:
+    def _message(self, request_id: str, result: RunResult, deliveries: int) -> ResultMessage:
+        return ResultMessage(
+            request_id=request_id, result=result, worker=self.worker_id, deliveries=deliveries
+        )
+
+    async def _finish(self, entry_id: str, reply_to: str, message: ResultMessage) -> None:
+        """Write the result of the call in ``entry_id`` unless another worker did first."""
+        request_id = message.request_id
         try:
             written = await self.queue.complete(entry_id, request_id, reply_to, message)
         except RedisError:
