@@ -100,7 +100,8 @@ class OpenAIEngine(Engine):
             timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_s),
             connector=aiohttp.TCPConnector(limit=self.config.max_connections),
         )
-        if self._metrics_url is not None:
+        if self._metrics_url is not None and await self._read_metrics(self._metrics_url):
+            # The first reading is awaited, so kv_stats is meaningful as soon as start returns.
             self._poller = asyncio.create_task(self._poll_metrics(self._metrics_url))
 
     async def close(self) -> None:
@@ -134,26 +135,27 @@ class OpenAIEngine(Engine):
             self._in_flight -= 1
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
-        if self._format in ("auto", "token_ids"):
-            try:
-                data = await self._complete(request, text=False)
-            except _RejectedError as rejected:
-                if self._format == "token_ids" or self.tokenizer is None:
-                    return GenerationResult.failed(
-                        request.request_id, f"server rejected the request: {rejected}"
-                    )
+        if self._format == "text":
+            return await self._text(request)
+        try:
+            data = await self._complete(request, text=False)
+        except _RejectedError as rejected:
+            if self._format == "token_ids" or self.tokenizer is None:
+                return GenerationResult.failed(request.request_id, f"server rejected: {rejected}")
+            # "auto" and undecided: the server may only take text prompts.
+            result = await self._text(request)
+            if result.finish_reason != "error":
                 logger.info("%s: token-id prompts rejected (%s); using text", self.name, rejected)
                 self._format = "text"
-            else:
-                if self._format == "auto":
-                    self._format = "token_ids"
-                return self._token_result(request, data)
+            return result
+        self._format = "token_ids"
+        return self._token_result(request, data)
+
+    async def _text(self, request: GenerationRequest) -> GenerationResult:
         try:
             data = await self._complete(request, text=True)
         except _RejectedError as rejected:
-            return GenerationResult.failed(
-                request.request_id, f"server rejected the request: {rejected}"
-            )
+            return GenerationResult.failed(request.request_id, f"server rejected: {rejected}")
         return self._text_result(request, data)
 
     async def _complete(self, request: GenerationRequest, *, text: bool) -> dict[str, Any]:
@@ -232,18 +234,24 @@ class OpenAIEngine(Engine):
         return str(text)
 
     async def _poll_metrics(self, url: str) -> None:
-        assert self._session is not None
         while True:
-            try:
-                async with self._session.get(url) as response:
-                    if response.status == 404:
-                        logger.info("%s: %s not found; no KV statistics", self.name, url)
-                        return
-                    page = await response.text()
-                self._stats = parse_kv_metrics(page, capacity_tokens=self.config.capacity_tokens)
-            except (aiohttp.ClientError, TimeoutError, ValueError) as failure:
-                logger.debug("%s: reading %s failed: %r", self.name, url, failure)
             await asyncio.sleep(self.config.metrics_interval_s)
+            if not await self._read_metrics(url):
+                return
+
+    async def _read_metrics(self, url: str) -> bool:
+        """Refresh the KV statistics; False when the server has no metrics page."""
+        assert self._session is not None
+        try:
+            async with self._session.get(url) as response:
+                if response.status == 404:
+                    logger.info("%s: %s not found; no KV statistics", self.name, url)
+                    return False
+                page = await response.text()
+            self._stats = parse_kv_metrics(page, capacity_tokens=self.config.capacity_tokens)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as failure:
+            logger.debug("%s: reading %s failed: %r", self.name, url, failure)
+        return True
 
 
 def _result(
