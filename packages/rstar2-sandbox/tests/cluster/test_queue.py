@@ -216,3 +216,24 @@ async def test_unreadable_result_is_skipped_not_fatal(
     await redis.rpush(queue.reply_key("fe"), "not json", result(1).model_dump_json())
     assert await queue.pop_results("fe", count=10, timeout_s=0.1) == [result(1)]
     assert "unreadable result for front end fe" in caplog.text
+
+
+async def test_prune_forgets_only_idle_consumers_holding_nothing(
+    redis: Redis, settings: ClusterSettings
+) -> None:
+    queue = await make_queue(redis, settings)
+    for n in range(3):
+        await queue.enqueue(task(n))
+
+    async def take_and_finish(consumer: str) -> None:
+        (delivery,) = await queue.read_new(consumer, count=1, block_s=0.1)
+        assert delivery.task is not None
+        await queue.complete(delivery.entry_id, delivery.task.request_id, "fe", result(0))
+
+    await queue.read_new("holds-a-call", count=1, block_s=0.1)
+    await take_and_finish("died-empty")
+    await asyncio.sleep(0.3)
+    await take_and_finish("active")
+    assert await queue.prune_consumers(min_idle_s=0.2) == 1
+    consumers = await redis.xinfo_consumers(queue.stream, "workers")
+    assert sorted(c["name"] for c in consumers) == ["active", "holds-a-call"]

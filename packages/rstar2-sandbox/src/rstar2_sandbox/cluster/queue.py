@@ -70,6 +70,22 @@ end
 return ms
 """
 
+# Deletes consumers that hold nothing and have not touched the stream for ARGV[2] ms: workers
+# that died (after their calls were reclaimed) or stopped. Check and delete are one atomic step,
+# so a consumer cannot take a call between them.
+_PRUNE_CONSUMERS = """
+local pruned = 0
+for _, consumer in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local info = {}
+  for i = 1, #consumer, 2 do info[consumer[i]] = consumer[i + 1] end
+  if tonumber(info['pending']) == 0 and tonumber(info['idle']) > tonumber(ARGV[2]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], info['name'])
+    pruned = pruned + 1
+  end
+end
+return pruned
+"""
+
 # What the live workers reported in their last heartbeat.
 _LIVE_WORKERS = """
 local now = redis.call('TIME')
@@ -155,6 +171,7 @@ class ClusterQueue:
         self._complete = redis.register_script(_COMPLETE)
         self._heartbeat = redis.register_script(_HEARTBEAT)
         self._live_workers = redis.register_script(_LIVE_WORKERS)
+        self._prune_consumers = redis.register_script(_PRUNE_CONSUMERS)
 
     def result_key(self, request_id: str) -> str:
         return f"{self._prefix}:result:{request_id}"
@@ -325,6 +342,11 @@ class ClusterQueue:
             keys=[self.workers_key, self.info_key],
             args=[worker_id, _ms(self.settings.lease_s), info.model_dump_json()],
         )
+
+    async def prune_consumers(self, min_idle_s: float) -> int:
+        """Forget consumers idle for ``min_idle_s`` that hold no call; how many were removed."""
+        pruned = await self._prune_consumers(keys=[self.stream], args=[GROUP, _ms(min_idle_s)])
+        return int(pruned)
 
     async def deregister(self, worker_id: str) -> None:
         """Remove a stopping worker from the count, and its consumer once it holds nothing."""

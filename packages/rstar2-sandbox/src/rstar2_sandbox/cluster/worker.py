@@ -203,14 +203,22 @@ class ClusterWorker:
             self.counters.duplicates += 1
 
     async def _keep_alive(self) -> None:
-        """Heartbeat and renew the leases of held calls, every third of the lease."""
+        """Heartbeat and renew the leases of held calls, every third of the lease.
+
+        Every hundredth beat also forgets consumers of workers that died long ago (idle for 30
+        leases, holding nothing), so the consumer group does not grow with every restart.
+        """
         interval = self.queue.settings.lease_s / 3
+        beats = 0
         while True:
             try:
                 await self.queue.heartbeat(self.worker_id, self.info)
                 await self.queue.renew(self.worker_id, list(self._held))
+                if beats % 100 == 0:
+                    await self.queue.prune_consumers(min_idle_s=30 * self.queue.settings.lease_s)
             except RedisError:
                 logger.exception("worker %s could not renew its leases", self.worker_id)
+            beats += 1
             await asyncio.sleep(interval)
 
     async def _drain(self) -> None:
