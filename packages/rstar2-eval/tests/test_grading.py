@@ -70,9 +70,20 @@ def test_math500_golds_verify_against_themselves(grader: Grader, data_dir) -> No
 
     problems = [p for p in load_benchmark("math500", data_dir) if p.answer_kind != "integer"]
     golds = [p.answer for p in problems]
-    grades = grader.grade_answers(golds, golds)
+    # \displaystyle changes the text, not the meaning: math-verify, not string equality, decides.
+    grades = grader.grade_answers([r"\displaystyle " + gold for gold in golds], golds)
+    assert {g.method for g in grades} == {"math_verify"}
     failed = [(g.answer, g.status) for g in grades if not g.correct]
     assert not failed
+
+
+def test_identical_text_needs_no_workers() -> None:
+    with Grader(GraderConfig(workers=1)) as grader:
+        grades = grader.grade_answers(
+            [r"\frac {1}{2}", r"x \in [-2,7]"], [r"\frac{1}{2}", r"x\in[-2,7]"]
+        )
+        assert not grader.pool_started
+    assert [(g.correct, g.method) for g in grades] == [(True, "exact")] * 2
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,8 @@ from rstar2_eval.verification import AnswerFormat, fast_verdict
 GradeStatus = Literal["correct", "incorrect", "no_answer", "timeout", "ungradable"]
 """``no_answer``: nothing to extract; ``timeout``/``ungradable``: the verdict could not be had."""
 
-GradeMethod = Literal["integer", "choice", "math_verify"]
-"""Which path decided: the in-process integer or choice comparison, or math-verify."""
+GradeMethod = Literal["integer", "choice", "exact", "math_verify"]
+"""Which path decided: in-process (integer, choice letter, identical text) or math-verify."""
 
 ProgressCallback = Callable[[list[int]], None]
 """Called with the positions of the items that just got their grade."""
@@ -196,10 +196,10 @@ class Grader:
         if verdict is None:
             return None
         return Grade(
-            correct=verdict,
-            status="correct" if verdict else "incorrect",
+            correct=verdict.correct,
+            status="correct" if verdict.correct else "incorrect",
             answer=answer,
-            method="choice" if fmt == "choice" else "integer",
+            method=verdict.method,
         )
 
     async def agrade_many(

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from rstar2_data.answers import normalize_integer
 
 AnswerFormat = Literal["math", "choice"]
 """How a benchmark's answers are graded: mathematical equivalence, or a choice letter."""
+
+
+class FastVerdict(NamedTuple):
+    """A verdict reached in-process, and the rule that reached it."""
+
+    correct: bool
+    method: Literal["integer", "choice", "exact"]
+
 
 # Wrappers models put around a choice letter: \text{B}, \textbf{(B)}, \mathrm{B}.
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
@@ -31,23 +39,30 @@ def normalize_choice(answer: str) -> str | None:
     return match.group(1).upper() if match is not None else None
 
 
-def fast_verdict(answer: str, gold: str, answer_format: AnswerFormat) -> bool | None:
+def same_text(answer: str, gold: str) -> bool:
+    """Whether two LaTeX strings are identical up to whitespace (insignificant in math mode)."""
+    return "".join(answer.split()) == "".join(gold.split())
+
+
+def fast_verdict(answer: str, gold: str, answer_format: AnswerFormat) -> FastVerdict | None:
     """Decide without math-verify where that is exact; None when math-verify must decide.
 
-    Integer golds against integer-looking answers ("025", "1,000", "27.0") compare as ints;
-    an integer gold against anything else (``\\frac{50}{2}``, ``25\\%``) still goes to
-    math-verify. Choice golds always decide here.
+    Choice golds always decide here. Integer golds against integer-looking answers ("025",
+    "1,000", "27.0") compare as ints; an integer gold against anything else
+    (``\\frac{50}{2}``, ``25\\%``) still goes to math-verify. Other golds decide here only
+    when the answer is the same text (up to whitespace).
     """
     if answer_format == "choice":
         expected = normalize_choice(gold)
-        return expected is not None and normalize_choice(answer) == expected
+        return FastVerdict(expected is not None and normalize_choice(answer) == expected, "choice")
     gold_int = normalize_integer(gold)
-    if gold_int is None:
-        return None
-    answer_int = normalize_integer(answer)
-    if answer_int is None:
-        return None
-    return answer_int == gold_int
+    if gold_int is not None:
+        answer_int = normalize_integer(answer)
+        if answer_int is not None:
+            return FastVerdict(answer_int == gold_int, "integer")
+    if same_text(answer, gold):
+        return FastVerdict(True, "exact")
+    return None
 
 
 def _as_latex(answer: str) -> str:
