@@ -7,8 +7,10 @@ sequence when the cache runs out of blocks. Time passes through ``asyncio.sleep`
 ``VirtualTimeEventLoop`` an hour of engine time costs only the Python bookkeeping.
 
 What is simulated, not computed: the output tokens are seeded random ids whose count is drawn
-from ``SimEngineConfig.output_tokens`` (ending with the first stop id when the draw fits in
-``max_new_tokens``), and every log-prob is 0.0.
+from ``SimEngineConfig.output_tokens`` and cut at ``max_new_tokens``; a drawn stop id ends the
+completion early, and a completion that stops at its drawn length ends with the first stop id.
+Every log-prob is 0.0. Outputs depend on the request's seed (or its id when it has none, or its
+prompt when greedy), not on batching or preemption.
 """
 
 from __future__ import annotations
@@ -236,14 +238,17 @@ class SimEngine(Engine):
         vocab = self.config.vocab_size
         if vocab < _MAX_VOCAB:
             tokens = array("H", [t % vocab for t in tokens])
-        stops = set(sampling.stop_token_ids)
-        if stops and not stops.isdisjoint(tokens):
-            substitute = next((t for t in range(vocab) if t not in stops), None)
-            if substitute is None:
-                raise ValueError(f"every id of the {vocab}-token vocabulary is a stop token")
-            tokens = array("H", [substitute if t in stops else t for t in tokens])
-        if reason == "stop" and sampling.stop_token_ids:
-            tokens[-1] = sampling.stop_token_ids[0]
+        # Ids outside the vocabulary can never be generated.
+        valid_stops = [t for t in sampling.stop_token_ids if 0 <= t < vocab]
+        stops = set(valid_stops)
+        if stops:
+            # A stop id drawn early ends the completion there, as in a real engine; a completion
+            # that runs its drawn length without one ends with the first stop id.
+            first = next((i for i, t in enumerate(tokens) if t in stops), None)
+            if first is not None:
+                tokens, reason = tokens[: first + 1], "stop"
+            elif reason == "stop":
+                tokens[-1] = valid_stops[0]
         return tokens, reason
 
     # -- the step loop ----------------------------------------------------------------------
