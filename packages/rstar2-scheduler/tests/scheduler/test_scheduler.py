@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter, defaultdict
 
 import pytest
@@ -100,7 +101,7 @@ def test_static_split_is_even_and_contiguous() -> None:
     counts = Counter(placed)
     assert sorted(counts.values()) == [3, 3, 4]
     # Contiguous blocks: the placement never returns to an engine it left.
-    changes = [a for a, b in zip(placed, placed[1:], strict=False) if a != b]
+    changes = [a for a, b in itertools.pairwise(placed) if a != b]
     assert len(changes) == 2
 
 
