@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from redis.asyncio import Redis
@@ -128,6 +129,11 @@ async def test_only_the_first_result_reaches_the_front_end(
     assert await queue.pop_results("fe", count=10, timeout_s=0.1) == [result(1, "w2", 2)]
     assert await queue.pop_results("fe", count=10, timeout_s=0.1) == []
     assert await redis.xlen(queue.stream) == 0
+    # What stays behind is a small marker of the winner, and it expires.
+    marker = await redis.get(queue.done_key("r1"))
+    assert marker is not None
+    assert json.loads(marker) == {"worker": "w2", "deliveries": 2}
+    assert 0 < await redis.pttl(queue.done_key("r1")) <= settings.result_ttl_s * 1000
 
 
 async def test_malformed_entry_is_reported_with_its_ids(

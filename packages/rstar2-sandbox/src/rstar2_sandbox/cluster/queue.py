@@ -6,8 +6,10 @@ Layout under ``key_prefix`` (``P``):
   XREADGROUP, holds them in its pending list while they run, renews its lease on them (XCLAIM
   JUSTID resets their idle time) and removes them (XACK + XDEL) once the result is written.
   Entries idle past the lease belong to a dead worker and are claimed by a live one.
-- ``P:result:<request id>``: the result, written with SET NX: the first writer wins, so a call
-  run twice (its first worker was presumed dead) still yields one result.
+- ``P:done:<request id>``: a small marker (worker, deliveries) written with SET NX with the
+  result: the first writer wins, so a call run twice (its first worker was presumed dead) still
+  yields one result. Only the marker stays (for ``result_ttl_s``); the result itself travels in
+  the reply list.
 - ``P:reply:<front end id>``: list the first writer pushes results to; the front end pops it.
 - ``P:frontend:<front end id>``: liveness key of a front end, refreshed while it runs.
 - ``P:workers``: sorted set of worker ids scored by when their lease expires (server clock).
@@ -44,13 +46,13 @@ return redis.call('XADD', KEYS[1], '*', 'id', ARGV[3], 'reply', ARGV[4], 'reques
 # First writer wins: only the call's first result reaches its front end. The entry is removed
 # from the stream either way, since the call is done.
 _COMPLETE = """
-local written = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+local written = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[3])
 if written then
-  redis.call('RPUSH', KEYS[2], ARGV[1])
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
-redis.call('XACK', KEYS[3], ARGV[3], ARGV[4])
-redis.call('XDEL', KEYS[3], ARGV[4])
+redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
+redis.call('XDEL', KEYS[3], ARGV[5])
 if written then return 1 end
 return 0
 """
@@ -173,8 +175,8 @@ class ClusterQueue:
         self._live_workers = redis.register_script(_LIVE_WORKERS)
         self._prune_consumers = redis.register_script(_PRUNE_CONSUMERS)
 
-    def result_key(self, request_id: str) -> str:
-        return f"{self._prefix}:result:{request_id}"
+    def done_key(self, request_id: str) -> str:
+        return f"{self._prefix}:done:{request_id}"
 
     def reply_key(self, frontend_id: str) -> str:
         return f"{self._prefix}:reply:{frontend_id}"
@@ -295,8 +297,14 @@ class ClusterQueue:
         Returns False when another worker had already written a result: this one is discarded.
         """
         written = await self._complete(
-            keys=[self.result_key(request_id), self.reply_key(reply_to), self.stream],
-            args=[result.model_dump_json(), _ms(self.settings.result_ttl_s), GROUP, entry_id],
+            keys=[self.done_key(request_id), self.reply_key(reply_to), self.stream],
+            args=[
+                result.model_dump_json(include={"worker", "deliveries"}),
+                result.model_dump_json(),
+                _ms(self.settings.result_ttl_s),
+                GROUP,
+                entry_id,
+            ],
         )
         return bool(written)
 

@@ -37,7 +37,12 @@ class ClusterSettings(BaseModel):
         description="Deliveries of one call before it fails with internal_error (2: one retry).",
     )
     result_ttl_s: float = Field(
-        default=600.0, gt=0, description="How long results and reply lists live in Redis."
+        default=600.0,
+        gt=0,
+        description=(
+            "How long a call's completion marker (which discards a late duplicate result) and "
+            "unread reply lists live in Redis; longer than the longest call."
+        ),
     )
     frontend_ttl_s: float = Field(
         default=60.0,
