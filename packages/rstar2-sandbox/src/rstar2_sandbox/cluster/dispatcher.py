@@ -59,11 +59,13 @@ class RedisDispatcher:
 
     @property
     def queue(self) -> ClusterQueue:
+        """The Redis queue (once started)."""
         if self._queue is None:
             raise RuntimeError("RedisDispatcher is not started; call start() first")
         return self._queue
 
     async def start(self) -> None:
+        """Connect, create the queue if needed and start receiving results."""
         self._redis = connect(self.url)
         self._queue = ClusterQueue(self._redis, self.settings)
         await self._queue.ensure_group()
@@ -76,6 +78,7 @@ class RedisDispatcher:
         logger.info("front end %s queues calls in %s", self.frontend_id, self.url)
 
     async def close(self) -> None:
+        """Stop; calls still waiting get ``QueueFullError`` (retryable) and workers drop them."""
         for loop in self._loops:
             loop.cancel()
         for loop in self._loops:
@@ -97,6 +100,7 @@ class RedisDispatcher:
         self._redis = self._queue = None
 
     async def submit(self, request: RunRequest) -> RunResult:
+        """Queue one call and wait for its result; ``QueueFullError`` when it cannot be queued."""
         request_id = uuid.uuid4().hex
         task = TaskMessage(request_id=request_id, reply_to=self.frontend_id, request=request)
         waiter = _Waiter(task, asyncio.get_running_loop().create_future())
