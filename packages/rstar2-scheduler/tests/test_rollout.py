@@ -13,8 +13,6 @@ from rstar2_sandbox.models import RunRequest, RunResult, RunStatus
 from rstar2_scheduler.engine import GenerationResult
 from rstar2_scheduler.rollout import RolloutConfig, RolloutRunner
 
-pytestmark = pytest.mark.asyncio
-
 PROBLEM = MathProblem(
     id="p1", source="test", problem="What is 6 * 7?", answer="42", answer_kind="integer"
 )
@@ -44,6 +42,7 @@ def make(
     return runner, Script(runner), sandbox
 
 
+@pytest.mark.asyncio
 async def test_tool_turn_then_answer_token_by_token(tokenizer: PreTrainedTokenizerFast) -> None:
     runner, script, sandbox = make(tokenizer)
     turns = [script.turn(tool_call("print(6 * 7)")), script.turn(ANSWER)]
@@ -123,6 +122,7 @@ async def test_tool_turn_then_answer_token_by_token(tokenizer: PreTrainedTokeniz
         (RunStatus.INTERNAL_ERROR, "other_errors"),
     ],
 )
+@pytest.mark.asyncio
 async def test_failed_runs_are_counted_by_kind(
     tokenizer: PreTrainedTokenizerFast, status: RunStatus, field: str
 ) -> None:
@@ -138,6 +138,7 @@ async def test_failed_runs_are_counted_by_kind(
     assert trajectory.turns[0].sandbox_status is status
 
 
+@pytest.mark.asyncio
 async def test_parse_error_is_shown_to_the_model_and_counted(
     tokenizer: PreTrainedTokenizerFast,
 ) -> None:
@@ -155,6 +156,7 @@ async def test_parse_error_is_shown_to_the_model_and_counted(
     assert trajectory.quality.tool_calls == 1
 
 
+@pytest.mark.asyncio
 async def test_only_the_first_call_runs(tokenizer: PreTrainedTokenizerFast) -> None:
     runner, script, sandbox = make(tokenizer)
     two = tool_call("print(1)") + tool_call("print(2)")
@@ -164,6 +166,7 @@ async def test_only_the_first_call_runs(tokenizer: PreTrainedTokenizerFast) -> N
     assert trajectory.turns[0].ignored_tool_calls == 1
 
 
+@pytest.mark.asyncio
 async def test_max_turns_leaves_the_last_call_unrun(tokenizer: PreTrainedTokenizerFast) -> None:
     runner, script, sandbox = make(tokenizer, max_turns=2)
     engine = ScriptedEngine(
@@ -181,6 +184,7 @@ async def test_max_turns_leaves_the_last_call_unrun(tokenizer: PreTrainedTokeniz
     assert trajectory.loss_mask[-1] == 1  # nothing appended after the last model turn
 
 
+@pytest.mark.asyncio
 async def test_tool_response_overflowing_the_budget_ends_the_rollout(
     tokenizer: PreTrainedTokenizerFast,
 ) -> None:
@@ -201,6 +205,7 @@ async def test_tool_response_overflowing_the_budget_ends_the_rollout(
     assert trajectory.truncated
 
 
+@pytest.mark.asyncio
 async def test_budget_counts_tool_tokens(tokenizer: PreTrainedTokenizerFast) -> None:
     runner, script, _ = make(tokenizer, max_response_tokens=200)
     first = script.turn(tool_call("print(6 * 7)"))
@@ -212,6 +217,7 @@ async def test_budget_counts_tool_tokens(tokenizer: PreTrainedTokenizerFast) -> 
     assert trajectory.quality.truncated
 
 
+@pytest.mark.asyncio
 async def test_tool_output_is_truncated_for_the_model(tokenizer: PreTrainedTokenizerFast) -> None:
     output = "a" * 100 + "b" * 100
     runner, script, _ = make(
@@ -227,6 +233,7 @@ async def test_tool_output_is_truncated_for_the_model(tokenizer: PreTrainedToken
     )
 
 
+@pytest.mark.asyncio
 async def test_engine_error_ends_the_rollout(tokenizer: PreTrainedTokenizerFast) -> None:
     runner, script, _ = make(tokenizer)
     engine = ScriptedEngine(
@@ -242,6 +249,7 @@ async def test_engine_error_ends_the_rollout(tokenizer: PreTrainedTokenizerFast)
     assert trajectory.truncated
 
 
+@pytest.mark.asyncio
 async def test_end_of_sequence_token_ends_the_rollout(tokenizer: PreTrainedTokenizerFast) -> None:
     runner, script, sandbox = make(tokenizer)
     eos = tokenizer.eos_token_id
@@ -252,6 +260,7 @@ async def test_end_of_sequence_token_ends_the_rollout(tokenizer: PreTrainedToken
     assert not trajectory.truncated
 
 
+@pytest.mark.asyncio
 async def test_sandbox_outage_is_a_failed_call(tokenizer: PreTrainedTokenizerFast) -> None:
     def broken(request: RunRequest) -> RunResult:
         raise ConnectionError("sandbox down")

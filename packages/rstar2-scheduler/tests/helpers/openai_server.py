@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 from rstar2_scheduler.engine import Engine, GenerationRequest, SamplingParams
 
 BLOCK_SIZE = 16
+BODIES = web.AppKey("bodies", list)  # every request body, for tests to inspect
 
 
 def create_app(
@@ -31,6 +32,7 @@ def create_app(
 
     async def completions(request: web.Request) -> web.Response:
         body: dict[str, Any] = await request.json()
+        request.app[BODIES].append(body)
         prompt = body["prompt"]
         if isinstance(prompt, list):
             if not token_ids:
@@ -98,6 +100,7 @@ def create_app(
         return web.Response(text=page, content_type="text/plain")
 
     app = web.Application()
+    app[BODIES] = []
     app.router.add_post("/v1/completions", completions)
     if metrics:
         app.router.add_get("/metrics", metrics_page)

@@ -1,0 +1,134 @@
+"""TransformersEngine: batching under its own KV budget, exact log-probs, cancellation, close."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen2ForCausalLM
+
+from rstar2_scheduler.engine import GenerationRequest, KVStats, SamplingParams
+from rstar2_scheduler.engines import TransformersEngine, TransformersEngineConfig
+
+pytestmark = pytest.mark.asyncio
+
+Score = Callable[[list[int], list[int], float], list[float]]
+
+
+def ask(prompt: list[int], n: int, key: str, **sampling: object) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=key,
+        prompt_ids=tuple(prompt),
+        sampling=SamplingParams.model_validate({"max_new_tokens": n, **sampling}),
+    )
+
+
+async def test_left_padded_batches_score_like_single_sequences(
+    model: Qwen2ForCausalLM, score: Score
+) -> None:
+    """Rows of different lengths, joining mid-decode and leaving early, keep exact log-probs."""
+    config = TransformersEngineConfig(kv_budget_tokens=4096, max_batch_size=8)
+    prompts = [[(7 * i + j) % 600 + 3 for j in range(3 + 5 * i)] for i in range(6)]
+    async with TransformersEngine(model, config) as engine:
+        first = [
+            asyncio.create_task(engine.generate(ask(p, 4 + 3 * i, f"a{i}", seed=i)))
+            for i, p in enumerate(prompts[:3])
+        ]
+        await asyncio.sleep(0.05)  # the rest join a batch that is already decoding
+        later = [
+            asyncio.create_task(engine.generate(ask(p, 12, f"b{i}", seed=10 + i)))
+            for i, p in enumerate(prompts[3:])
+        ]
+        results = await asyncio.gather(*first, *later)
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.finish_reason == "length"
+        expected = score(prompt, list(result.token_ids), 1.0)
+        assert list(result.logprobs) == pytest.approx(expected, abs=1e-4)
+
+
+async def test_kv_budget_bounds_admission(model: Qwen2ForCausalLM) -> None:
+    # Each request reserves 10 + 30 = 40 tokens: a budget of 100 admits two at a time.
+    config = TransformersEngineConfig(kv_budget_tokens=100, max_batch_size=8)
+    async with TransformersEngine(model, config) as engine:
+        tasks = [
+            asyncio.create_task(engine.generate(ask(list(range(3, 13)), 30, f"r{i}", seed=i)))
+            for i in range(5)
+        ]
+        seen: list[KVStats] = []
+        while not all(task.done() for task in tasks):
+            seen.append(engine.kv_stats())
+            await asyncio.sleep(0.005)
+        results = await asyncio.gather(*tasks)
+        idle = engine.kv_stats()
+    assert all(r.finish_reason == "length" and len(r.token_ids) == 30 for r in results)
+    assert max(s.running for s in seen) == 2
+    assert max(s.waiting for s in seen) >= 1
+    assert all(s.used_tokens <= 80 and s.capacity_tokens == 100 for s in seen)
+    assert max(s.used_tokens for s in seen) > 20
+    assert (idle.running, idle.waiting, idle.used_tokens, idle.preemptions) == (0, 0, 0, 0)
+
+
+async def test_rejections_name_the_limit(model: Qwen2ForCausalLM) -> None:
+    config = TransformersEngineConfig(kv_budget_tokens=50)
+    async with TransformersEngine(model, config) as engine:
+        too_long = await engine.generate(ask([3] * 30, 30, "long"))
+        outside = await engine.generate(ask([3, 10**6], 2, "vocab"))
+    assert too_long.finish_reason == "error"
+    assert "exceeds kv_budget_tokens (50)" in (too_long.error or "")
+    assert "outside the vocabulary" in (outside.error or "")
+
+
+async def test_cancelled_request_leaves_the_batch(model: Qwen2ForCausalLM, score: Score) -> None:
+    config = TransformersEngineConfig(kv_budget_tokens=2048)
+    async with TransformersEngine(model, config) as engine:
+        doomed = asyncio.create_task(engine.generate(ask([4, 5, 6], 500, "doomed", seed=1)))
+        kept = asyncio.create_task(engine.generate(ask([7, 8, 9, 10], 40, "kept", seed=2)))
+        await asyncio.sleep(0.05)
+        doomed.cancel()
+        result = await kept
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        assert engine.kv_stats().running == 0
+    assert result.finish_reason == "length"
+    assert list(result.logprobs) == pytest.approx(
+        score([7, 8, 9, 10], list(result.token_ids), 1.0), abs=1e-4
+    )
+
+
+async def test_close_aborts_pending_requests(model: Qwen2ForCausalLM) -> None:
+    engine = TransformersEngine(model, TransformersEngineConfig(kv_budget_tokens=64))
+    tasks = [asyncio.create_task(engine.generate(ask([3, 4], 60, f"r{i}"))) for i in range(3)]
+    await asyncio.sleep(0.05)
+    await engine.close()
+    results = await asyncio.gather(*tasks)
+    assert {r.finish_reason for r in results} == {"abort"}
+    assert all(r.error == "engine closed" for r in results)
+
+
+async def test_greedy_and_top_p(model: Qwen2ForCausalLM, score: Score) -> None:
+    prompt = [11, 12, 13, 14]
+    async with TransformersEngine(model, TransformersEngineConfig(kv_budget_tokens=512)) as engine:
+        greedy = await engine.generate(ask(prompt, 8, "g", temperature=0.0))
+        nucleus = await engine.generate(ask(prompt, 8, "p", temperature=1.0, top_p=1e-6, seed=5))
+    # Greedy reports plain log-softmax; a vanishing top-p leaves only the most likely token.
+    assert list(greedy.logprobs) == pytest.approx(
+        score(prompt, list(greedy.token_ids), 1.0), abs=1e-4
+    )
+    assert nucleus.token_ids == greedy.token_ids
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([[*prompt, *greedy.token_ids]])).logits[0]
+    assert greedy.token_ids == tuple(int(t) for t in logits[len(prompt) - 1 : -1].argmax(-1))
+
+
+async def test_from_pretrained(model: Qwen2ForCausalLM, tmp_path: Path, score: Score) -> None:
+    model.save_pretrained(tmp_path)
+    config = TransformersEngineConfig(kv_budget_tokens=256, name="loaded")
+    async with TransformersEngine.from_pretrained(tmp_path, config) as engine:
+        result = await engine.generate(ask([5, 6, 7], 5, "x", seed=1))
+    assert engine.name == "loaded"
+    assert list(result.logprobs) == pytest.approx(
+        score([5, 6, 7], list(result.token_ids), 1.0), abs=1e-4
+    )
