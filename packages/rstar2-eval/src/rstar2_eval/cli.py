@@ -99,7 +99,11 @@ def score(
     ] = False,
     timeout: Annotated[
         float,
-        typer.Option(min=0.01, help="Wall-clock seconds math-verify may spend on one answer."),
+        typer.Option(
+            min=0.01,
+            help="Wall-clock seconds math-verify may spend on one answer; past it the answer is "
+            "a timeout, and a worker still busy one second later is killed and replaced.",
+        ),
     ] = 5.0,
     workers: Annotated[
         int | None,
