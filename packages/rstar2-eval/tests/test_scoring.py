@@ -250,3 +250,26 @@ def test_cli_help_explains_every_option() -> None:
         "--max-answer-chars",
     ):
         assert option in result.output
+
+
+def test_requested_k_values_and_answer_block_counts(
+    tmp_path: Path, data_dir: Path, grader: Grader
+) -> None:
+    lines, counts = _aime24_lines(data_dir)
+    gold = load_benchmark("aime24", data_dir)[0].answer
+    # Problem 0 had no correct sample; its first one now answers twice, last answer right.
+    lines[0]["response"] = rf"<answer>\boxed{{1}}</answer> hmm <answer>\boxed{{{gold}}}</answer>"
+    counts[0] += 1
+    path = _write_jsonl(tmp_path / "gen.jsonl", lines)
+    result = score_generations(
+        read_generations(path),
+        {"aime24": load_benchmark("aime24", data_dir)},
+        grader,
+        origin=str(path),
+        ks=[3, 16],
+    )
+    (score,) = result.report.benchmarks
+    # k=16 exceeds the 4 samples per problem and is left out (with a warning).
+    assert set(score.pass_at_k) == set(score.maj_at_k) == {3}
+    assert score.multiple_answer_blocks == 1
+    assert score.pass_at_k[3] == pytest.approx(fmean(pass_at_k(SAMPLES, c, 3) for c in counts))
