@@ -146,7 +146,7 @@ class VerifierPool:
         try:
             while remaining:
                 self._dispatch(items, pending)
-                self._collect(pending, finish)
+                self._collect(finish)
                 self._enforce_deadlines(finish)
         finally:
             if remaining:
@@ -176,7 +176,7 @@ class VerifierPool:
             worker.key = key
             worker.deadline = now + self.timeout_s + self.kill_grace_s
 
-    def _collect(self, pending: deque[int], finish: Callable[[int, VerifyResult], None]) -> None:
+    def _collect(self, finish: Callable[[int, VerifyResult], None]) -> None:
         now = time.monotonic()
         deadlines = [w.deadline for w in self._workers if w.key is not None]
         deadlines += [w.start_deadline for w in self._workers if not w.ready]
