@@ -8,7 +8,17 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from rstar2_sandbox.app import create_app
-from rstar2_sandbox.cluster import ClusterSettings, RedisDispatcher
+from rstar2_sandbox.client import SandboxClient
+from rstar2_sandbox.cluster import (
+    ClusterQueue,
+    ClusterSettings,
+    ClusterWorker,
+    RedisDispatcher,
+    connect,
+)
+from rstar2_sandbox.executor.settings import ExecutorSettings
+from rstar2_sandbox.local import LocalSandbox
+from rstar2_sandbox.models import RunRequest, RunResult, RunStatus
 from rstar2_sandbox.settings import ServerSettings
 
 from .test_dispatcher import Node, wait_for_stats
@@ -55,3 +65,40 @@ async def test_full_queue_is_503_and_metrics_show_the_cluster(
         assert info["dispatcher"]["kind"] == "redis"
         assert info["dispatcher"]["workers"] == 1
         await node.close()
+
+
+async def test_results_cross_the_cluster_intact(redis_url: str, settings: ClusterSettings) -> None:
+    """A client of a cluster front end gets what the worker's executor produced, field by field."""
+    requests = [
+        RunRequest(code="print(sum(range(10)))"),
+        RunRequest(code="import sys; print('err', file=sys.stderr); raise KeyError('k')"),
+        RunRequest(code="while True: pass", timeout_s=0.5),
+        RunRequest(code="print('y' * 5000)", output_limit_bytes=100),
+        RunRequest(code="6 * 7", display_last_expr=True),
+    ]
+    async with LocalSandbox(ExecutorSettings(servers=1, slots=2, preload=[])) as local:
+        queue = ClusterQueue(connect(redis_url), settings)
+        worker = ClusterWorker(queue, local, slots=2, poll_s=0.05)
+        stop = asyncio.Event()
+        serving = asyncio.create_task(worker.run(stop))
+        server = TestServer(create_app(RedisDispatcher(redis_url, settings), ServerSettings()))
+        await server.start_server()
+        async with SandboxClient(str(server.make_url("")), batch_size=2) as client:
+            remote = await client.run_many(requests)
+        await server.close()
+        stop.set()
+        await serving
+        await queue.redis.aclose()
+        direct = await local.run_many(requests)
+
+    def comparable(result: RunResult) -> dict[str, object]:
+        return result.model_dump(exclude={"wall_time_s", "cpu_time_s"})
+
+    assert [r.status for r in remote] == [
+        RunStatus.SUCCESS,
+        RunStatus.RUNTIME_ERROR,
+        RunStatus.TIMEOUT,
+        RunStatus.OUTPUT_LIMIT_EXCEEDED,
+        RunStatus.SUCCESS,
+    ]
+    assert [comparable(r) for r in remote] == [comparable(r) for r in direct]
