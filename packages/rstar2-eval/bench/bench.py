@@ -128,6 +128,16 @@ def main(
             "answers_per_s": len(grades) / elapsed,
             "statuses": statuses,
         }
+    # CPU time per item, measured serially in this process: unlike wall-clock rates, it barely
+    # moves with the load of other jobs, so it says what an idle machine would do.
+    from rstar2_eval.verification import math_verify_equal
+
+    math_verify_equal("1/2", "\\frac{1}{2}")  # import outside the measurement
+    cpu_started = time.process_time()
+    for answer, target in zip(answers, targets, strict=True):
+        math_verify_equal(answer, target)
+    latex["cpu_ms_per_item"] = 1000 * (time.process_time() - cpu_started) / len(answers)
+    latex["idle_rate_estimate"] = config.workers * 1000 / latex["cpu_ms_per_item"]
     figures.update(
         integer=integer, latex=latex, worker_start_s=worker_start_s, load_after=os.getloadavg()
     )
@@ -147,7 +157,9 @@ def main(
         str(latex["items"]),
         f"{latex['seconds']:.2f}",
         f"{latex['answers_per_s']:,.0f}",
-        f"{config.workers} warm workers; statuses {latex['statuses']}",
+        f"{config.workers} warm workers; statuses {latex['statuses']}; "
+        f"{latex['cpu_ms_per_item']:.1f} CPU ms/item serially "
+        f"(~{latex['idle_rate_estimate']:.0f}/s on {config.workers} idle cores)",
     )
     console.print(table)
     console.print(
