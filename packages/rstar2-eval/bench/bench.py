@@ -116,7 +116,7 @@ def main(
 
         answers, targets = latex_items(data_dir, latex_repeats, seed)
         started = time.perf_counter()
-        grader.grade_answers(["\\frac{1}{2}"], ["0.5"])  # workers started and warm
+        grader.warm_up()
         worker_start_s = time.perf_counter() - started
         started = time.perf_counter()
         grades = grader.grade_answers(answers, targets)

@@ -103,9 +103,13 @@ class Grader:
         )
         self._lock = threading.Lock()
 
-    def warm_up(self) -> None:
-        """Start the workers now instead of on the first answer that needs math-verify."""
-        self._pool.start()
+    def warm_up(self, *, wait: bool = True) -> None:
+        """Start the workers now instead of on the first answer that needs math-verify.
+
+        With ``wait`` (the default), return once every worker has imported math-verify.
+        """
+        with self._lock:
+            self._pool.start(wait=wait)
 
     def grade_many(
         self,

@@ -66,6 +66,10 @@ def _shutdown(workers: list[_Worker]) -> None:
     workers.clear()
 
 
+def _no_item_in_flight(key: int, result: VerifyResult) -> None:
+    raise RuntimeError(f"result for item {key} arrived outside verify(): {result}")
+
+
 class VerifierPool:
     """Worker processes that run a verifier (math-verify by default) on ``(answer, gold)`` items.
 
@@ -117,13 +121,16 @@ class VerifierPool:
         self._workers[self._workers.index(worker)] = self._start_worker()
         self.replacements += 1
 
-    def start(self) -> None:
-        """Start missing workers now (they warm up in the background)."""
+    def start(self, *, wait: bool = False) -> None:
+        """Start missing workers; with ``wait``, block until every worker is warm."""
         if not self._finalizer.alive:
             self._finalizer = weakref.finalize(self, _shutdown, self._workers)
         while len(self._workers) < self.size:
             self._workers.append(self._start_worker())
         self.started = True
+        while wait and not all(worker.ready for worker in self._workers):
+            self._collect(_no_item_in_flight)
+            self._enforce_deadlines(_no_item_in_flight)
 
     def verify(
         self,
