@@ -25,6 +25,7 @@ from rstar2_scheduler.engines import (
     TransformersEngine,
     TransformersEngineConfig,
 )
+from rstar2_scheduler.sim import SimEngine, SimEngineConfig
 
 pytestmark = pytest.mark.asyncio
 
@@ -70,9 +71,23 @@ async def openai_case(res: Resources) -> AsyncIterator[EngineCase]:
             yield EngineCase(engine, len(res.tokenizer), CAPACITY, res.score)
 
 
+@contextlib.asynccontextmanager
+async def sim_case(res: Resources) -> AsyncIterator[EngineCase]:
+    """The simulator on the real event loop, with millisecond steps; its log-probs are simulated."""
+    config = SimEngineConfig(
+        num_blocks=CAPACITY // 16,
+        block_size=16,
+        vocab_size=len(res.tokenizer),
+        step_overhead_s=1e-3,
+    )
+    async with SimEngine(config) as engine:
+        yield EngineCase(engine, len(res.tokenizer), CAPACITY, None)
+
+
 FACTORIES: dict[str, Callable[[Resources], Any]] = {
     "transformers": transformers_case,
     "openai": openai_case,
+    "sim": sim_case,
 }
 
 

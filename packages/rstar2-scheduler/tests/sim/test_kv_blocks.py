@@ -29,12 +29,12 @@ def test_cached_blocks_are_shared_and_evicted_oldest_first() -> None:
     pool = BlockPool(4)
     hashes = extend_hashes([], tuple(range(8)), 4)
     blocks = pool.allocate(2)
-    pool.register(blocks, hashes)
-    assert pool.cached_prefix(hashes) == blocks
+    assert pool.cached_prefix(hashes) == []  # not findable until released with its hashes
     # A second holder shares the blocks instead of taking new ones.
     pool.acquire(blocks)
-    pool.release(blocks)
+    pool.release(blocks, hashes)
     assert pool.free_blocks == 2
+    assert pool.cached_prefix(hashes) == blocks
     pool.release(blocks)
     assert pool.free_blocks == 4
     assert pool.cached_prefix(hashes) == blocks  # freed but still cached
@@ -49,5 +49,5 @@ def test_cached_blocks_are_shared_and_evicted_oldest_first() -> None:
 def test_prefix_caching_off_never_hits() -> None:
     pool = BlockPool(4, prefix_caching=False)
     hashes = extend_hashes([], tuple(range(8)), 4)
-    pool.register(pool.allocate(2), hashes)
+    pool.release(pool.allocate(2), hashes)
     assert pool.cached_prefix(hashes) == []

@@ -250,6 +250,5 @@ class Batcher:
 
     def _evict(self, seq: SimSequence) -> None:
         """Free a sequence's blocks, keeping its full blocks findable in the prefix cache."""
-        self.pool.register(seq.blocks, self._chain(seq))
-        self.pool.release(seq.blocks)
+        self.pool.release(seq.blocks, self._chain(seq))
         seq.blocks = []

@@ -211,8 +211,12 @@ class SimEngine(Engine):
         await self.start()
         output, reason = self._draw_output(request)
         seq = SimSequence(request, output, reason, asyncio.get_running_loop().create_future())
-        self._batch.waiting.append(seq)
-        self._notify()
+        batch = self._batch
+        batch.waiting.append(seq)
+        # Only a request that could join the batch at the next step ends a span of steps early:
+        # behind other waiting requests, or with the batch full, it waits for a finish anyway.
+        if len(batch.waiting) == 1 and len(batch.running) < self.config.max_num_seqs:
+            self._notify()
         try:
             return await seq.future
         except asyncio.CancelledError:

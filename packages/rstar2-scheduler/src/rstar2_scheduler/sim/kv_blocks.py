@@ -68,38 +68,37 @@ class BlockPool:
 
     def allocate(self, count: int) -> list[int]:
         """Take ``count`` blocks from the free queue, evicting the cached content they hold."""
-        if count > len(self._free):
-            raise RuntimeError(f"asked for {count} KV blocks, {len(self._free)} free")
+        free, hash_of, by_hash, refs = self._free, self._hash_of, self._by_hash, self._refs
+        if count > len(free):
+            raise RuntimeError(f"asked for {count} KV blocks, {len(free)} free")
         blocks: list[int] = []
         for _ in range(count):
-            block, _ = self._free.popitem(last=False)
-            old = self._hash_of[block]
+            block = free.popitem(last=False)[0]
+            old = hash_of[block]
             if old is not None:
-                del self._by_hash[old]
-                self._hash_of[block] = None
-            self._refs[block] = 1
+                del by_hash[old]
+                hash_of[block] = None
+            refs[block] = 1
             blocks.append(block)
         return blocks
 
-    def register(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
-        """Make full blocks findable by their hashes (the first ``len(hashes)`` of ``blocks``)."""
-        if not self.prefix_caching:
-            return
-        for block, h in zip(blocks, hashes, strict=False):
-            if self._hash_of[block] is None and h not in self._by_hash:
-                self._hash_of[block] = h
-                self._by_hash[h] = block
-
-    def release(self, blocks: Sequence[int]) -> None:
+    def release(self, blocks: Sequence[int], hashes: Sequence[int] = ()) -> None:
         """Drop one reference on each block; unreferenced ones join the free queue.
 
+        ``hashes`` (one per full block, in order) make the blocks findable by a later prefix.
         Blocks are freed tail first so that a sequence's last blocks are evicted before its
         prefix, which other sequences are more likely to share.
         """
+        free, hash_of, by_hash, refs = self._free, self._hash_of, self._by_hash, self._refs
+        if self.prefix_caching:
+            for block, h in zip(blocks, hashes, strict=False):
+                if hash_of[block] is None and h not in by_hash:
+                    hash_of[block] = h
+                    by_hash[h] = block
         for block in reversed(blocks):
-            self._refs[block] -= 1
-            if self._refs[block] == 0:
-                self._free[block] = None
-                if self._hash_of[block] is None:
+            refs[block] -= 1
+            if refs[block] == 0:
+                free[block] = None
+                if hash_of[block] is None:
                     # Nothing to keep in it: let the next allocation take it before cached blocks.
-                    self._free.move_to_end(block, last=False)
+                    free.move_to_end(block, last=False)

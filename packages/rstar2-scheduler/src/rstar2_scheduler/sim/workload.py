@@ -26,7 +26,7 @@ class WorkloadConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    prompts: int = Field(default=64, gt=0, description="Problems in the phase.")
+    prompts: int = Field(default=512, gt=0, description="Problems in the phase.")
     rollouts_per_prompt: int = Field(default=32, gt=0, description="Rollouts per problem.")
     prompt_tokens: LogNormal = Field(
         default=LogNormal(median=300, sigma=0.4, minimum=64, maximum=2048),

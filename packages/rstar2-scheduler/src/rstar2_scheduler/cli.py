@@ -1,0 +1,180 @@
+"""The ``rstar2-scheduler`` command line."""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rstar2_scheduler.policies import POLICY_NAMES
+from rstar2_scheduler.sim.bench import BenchConfig, BenchReport, run_benchmark
+from rstar2_scheduler.sim.engine import SimEngineConfig
+from rstar2_scheduler.sim.workload import WorkloadConfig
+
+app = typer.Typer(help="rstar2 rollout scheduling: load balancing over inference engines.")
+
+_DEFAULT_ENGINE = SimEngineConfig()
+
+
+class PolicyChoice(StrEnum):
+    static = "static"
+    least_loaded = "least-loaded"
+    kv_aware = "kv-aware"
+
+
+_DEFAULT_WORKLOAD = WorkloadConfig()
+
+
+@app.callback()
+def main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")] = False,
+) -> None:
+    """rstar2 rollout scheduling: load balancing over inference engines."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING)
+
+
+def _print_report(report: BenchReport, console: Console) -> None:
+    bound = report.bound
+    table = Table(title="Rollout phase per policy (simulated time)")
+    for column in (
+        "policy",
+        "makespan s",
+        "vs bound",
+        "idle",
+        "idle engine-s",
+        "preemptions",
+        "prefill tokens",
+        "recomputed",
+        "KV usage",
+        "tool gap s",
+        "wall s",
+    ):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for name, run in report.runs.items():
+        m = run.metrics
+        table.add_row(
+            name,
+            f"{m.makespan_s:,.1f}",
+            f"{m.makespan_s / bound.bound_s:.3f}x",
+            f"{m.idle_fraction:.1%}",
+            f"{m.idle_s:,.0f}",
+            f"{m.preemptions:,}",
+            f"{run.prefill_tokens:,}",
+            f"{run.recomputed_tokens:,}",
+            f"{m.kv_usage_mean:.1%}",
+            f"{m.tool_latency.mean_s:.3f}",
+            f"{run.wall_s:.1f}",
+        )
+    console.print(table)
+    console.print(
+        f"lower bound {bound.bound_s:,.1f} s = max(work / engines {bound.balanced_s:,.1f} s, "
+        f"longest rollout alone {bound.critical_path_s:,.1f} s); workload: "
+        f"{report.config.workload.rollouts:,} rollouts, mean response "
+        f"{report.response_tokens_mean:,.0f} tokens, {report.turns_mean:.2f} turns, "
+        f"{report.truncated_fraction:.1%} truncated"
+    )
+    checks = report.targets()
+    if checks:
+        targets = Table(title="kv-aware against the targets")
+        for column in ("target", "measured", "required", "met"):
+            targets.add_column(column)
+        for check in checks:
+            value = f"{check.value:.2f}x" if "speed-up" in check.name else f"{check.value:.1%}"
+            targets.add_row(check.name, value, check.target, "yes" if check.met else "NO")
+        console.print(targets)
+
+
+@app.command()
+def bench(
+    engines: Annotated[int, typer.Option(min=1, help="Simulated inference engines.")] = 8,
+    prompts: Annotated[
+        int, typer.Option(min=1, help="Problems in the rollout phase.")
+    ] = _DEFAULT_WORKLOAD.prompts,
+    rollouts_per_prompt: Annotated[
+        int, typer.Option(min=1, help="Rollouts per problem.")
+    ] = _DEFAULT_WORKLOAD.rollouts_per_prompt,
+    budget: Annotated[
+        int, typer.Option(min=1, help="Response budget per rollout (tokens, all turns).")
+    ] = _DEFAULT_WORKLOAD.response_budget,
+    max_turns: Annotated[
+        int, typer.Option(min=1, help="Most model turns per rollout.")
+    ] = _DEFAULT_WORKLOAD.max_turns,
+    kv_tokens: Annotated[
+        int, typer.Option(min=1, help="KV cache capacity of each engine, in tokens.")
+    ] = _DEFAULT_ENGINE.capacity_tokens,
+    max_num_seqs: Annotated[
+        int, typer.Option(min=1, help="Most sequences an engine batches at once.")
+    ] = _DEFAULT_ENGINE.max_num_seqs,
+    policy: Annotated[
+        list[PolicyChoice] | None,
+        typer.Option(help="Policy to run; repeat for several. Default: all three."),
+    ] = None,
+    overcommit: Annotated[
+        float,
+        typer.Option(min=0.01, help="kv-aware: reservations may reach this times the capacity."),
+    ] = 1 / 0.7,
+    max_concurrency: Annotated[
+        int | None, typer.Option(min=1, help="Most rollouts in flight; default: no cap.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 0,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a PNG timeline of engine utilization here.")
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the full report as JSON here.")
+    ] = None,
+) -> None:
+    """Run the placement policies side by side on simulated engines in virtual time.
+
+    Every policy replays the same planned rollouts (multi-turn, long-tailed lengths, tool
+    calls of ~0.3 s) through the production RolloutScheduler on fresh SimEngines.
+    """
+    chosen = tuple(p.value for p in policy) if policy else POLICY_NAMES
+    blocks = -(-kv_tokens // _DEFAULT_ENGINE.block_size)
+    config = BenchConfig(
+        engines=engines,
+        workload=_DEFAULT_WORKLOAD.model_copy(
+            update={
+                "prompts": prompts,
+                "rollouts_per_prompt": rollouts_per_prompt,
+                "response_budget": budget,
+                "max_turns": max_turns,
+                "seed": seed,
+            }
+        ),
+        engine=_DEFAULT_ENGINE.model_copy(
+            update={"num_blocks": blocks, "max_num_seqs": max_num_seqs}
+        ),
+        policies=chosen,
+        overcommit=overcommit,
+        max_concurrency=max_concurrency,
+    )
+    console = Console()
+    with Progress(
+        TextColumn("{task.description:>13}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        tasks = {
+            name: progress.add_task(name, total=config.workload.rollouts)
+            for name in config.policies
+        }
+        report = run_benchmark(config, on_result=lambda name, _: progress.advance(tasks[name]))
+    _print_report(report, console)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(report.model_dump_json(indent=1))
+        console.print(f"report: {json_out}")
+    if plot is not None:
+        from rstar2_scheduler.sim.plot import plot_timelines
+
+        phases = {name: run.metrics for name, run in report.runs.items()}
+        console.print(f"timeline: {plot_timelines(phases, plot, bound_s=report.bound.bound_s)}")

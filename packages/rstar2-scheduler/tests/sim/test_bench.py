@@ -1,0 +1,96 @@
+"""The benchmark end to end on a small workload: every policy, the bound, the CLI and the plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rstar2_scheduler.cli import app
+from rstar2_scheduler.sim import BenchConfig, BenchReport, LogNormal, WorkloadConfig, run_benchmark
+from rstar2_scheduler.sim.engine import SimEngineConfig
+
+WORKLOAD = WorkloadConfig(
+    prompts=6,
+    rollouts_per_prompt=16,
+    response_budget=4096,
+    turn_tokens=LogNormal(median=300, sigma=1.0),
+)
+# A small cache, so that a static split overloads it.
+ENGINE = SimEngineConfig(num_blocks=2048, max_num_seqs=64)
+
+
+@pytest.fixture(scope="module")
+def report() -> BenchReport:
+    return run_benchmark(BenchConfig(engines=3, workload=WORKLOAD, engine=ENGINE))
+
+
+def test_every_policy_runs_the_same_work_above_the_bound(report: BenchReport) -> None:
+    assert list(report.runs) == ["static", "least-loaded", "kv-aware"]
+    decoded = {name: sum(e.decode_tokens for e in run.engines) for name, run in report.runs.items()}
+    assert len(set(decoded.values())) == 1  # identical plans, identical output tokens
+    for run in report.runs.values():
+        metrics = run.metrics
+        assert metrics.rollouts == WORKLOAD.rollouts
+        assert metrics.failed == 0
+        assert metrics.makespan_s >= report.bound.bound_s
+        assert metrics.balanced_s <= metrics.makespan_s
+        assert metrics.tool_latency.mean_s == pytest.approx(WORKLOAD.tool_latency_s.mean, rel=0.25)
+        assert metrics.preemptions == sum(e.preemptions for e in run.engines)
+
+
+def test_kv_aware_keeps_prefixes_that_a_static_split_evicts(report: BenchReport) -> None:
+    static, kv = report.runs["static"], report.runs["kv-aware"]
+    # The static split queues every rollout at once: prefixes get evicted and recomputed.
+    assert static.prefill_tokens > kv.prefill_tokens
+    assert kv.metrics.kv_usage_mean < static.metrics.kv_usage_mean
+    checks = {c.name: c for c in report.targets()}
+    assert set(checks) == {
+        "idle time cut vs static",
+        "rollout-phase speed-up vs static",
+        "makespan above lower bound",
+    }
+    speedup = checks["rollout-phase speed-up vs static"]
+    assert speedup.value == pytest.approx(static.metrics.makespan_s / kv.metrics.makespan_s)
+    assert speedup.met == (speedup.value >= 1.45)
+
+
+def test_report_round_trips_through_json(report: BenchReport) -> None:
+    again = BenchReport.model_validate_json(report.model_dump_json())
+    assert again == report
+
+
+def test_cli_prints_the_table_and_writes_plot_and_json(tmp_path: Path) -> None:
+    plot, out = tmp_path / "timeline.png", tmp_path / "report.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--engines", "2",
+            "--prompts", "2",
+            "--rollouts-per-prompt", "8",
+            "--budget", "2048",
+            "--kv-tokens", "16384",
+            "--policy", "static",
+            "--policy", "kv-aware",
+            "--plot", str(plot),
+            "--json", str(out),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "static" in result.output
+    assert "kv-aware" in result.output
+    assert "least-loaded" not in result.output
+    assert "lower bound" in result.output
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    saved = json.loads(out.read_text())
+    assert set(saved["runs"]) == {"static", "kv-aware"}
+    assert saved["config"]["engine"]["num_blocks"] == 1024
+
+
+def test_cli_rejects_an_unknown_policy() -> None:
+    result = CliRunner().invoke(app, ["bench", "--policy", "random"])
+    assert result.exit_code != 0
+    assert "random" in result.output
