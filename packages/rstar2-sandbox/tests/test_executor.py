@@ -161,7 +161,7 @@ async def test_runs_as_an_unprivileged_uid_in_an_empty_private_directory(
     result = await sandbox.run(RunRequest(code=code))
     uid, gid, groups, listing = result.stdout.split(" ", 3)
     settings = sandbox.pool.settings
-    assert settings.uid_base <= int(uid) < settings.uid_base + settings.total_slots
+    assert settings.uid_base <= int(uid) < settings.uid_base + sandbox.pool.slots
     assert gid == uid
     assert groups == "[]"
     assert listing.strip() == "[]"
@@ -177,8 +177,8 @@ async def test_working_directory_is_removed_after_each_run(sandbox: LocalSandbox
 async def test_a_dead_fork_server_fails_its_calls_and_is_replaced(sandbox: LocalSandbox) -> None:
     pool = sandbox.pool
     victims = pool.server_pids
-    slow = [asyncio.create_task(sandbox.run(RunRequest(code="import time; time.sleep(30)")))
-            for _ in range(pool.slots)]
+    sleeper = RunRequest(code="import time; time.sleep(30)")
+    slow = [asyncio.create_task(sandbox.run(sleeper)) for _ in range(2)]
     await asyncio.sleep(0.5)
     for pid in victims:
         os.kill(pid, 9)
@@ -188,3 +188,27 @@ async def test_a_dead_fork_server_fails_its_calls_and_is_replaced(sandbox: Local
     assert after.stdout == "back\n"
     assert pool.restarts >= len(victims)
     assert set(pool.server_pids).isdisjoint(victims)
+
+
+@pytest.mark.parametrize(
+    ("code", "preloaded"),
+    [
+        ("print(1 + 1)", False),
+        ("import math, itertools\nfrom fractions import Fraction", False),
+        ("import numpy as np", True),
+        ("from sympy import Symbol", True),
+        ("import os, numpy.linalg", True),
+        ("m = __import__('numpy')", True),
+        ("import importlib\nimportlib.import_module('sympy')", True),
+    ],
+)
+async def test_stdlib_only_code_runs_on_the_lean_tier(
+    sandbox: LocalSandbox, code: str, preloaded: bool
+) -> None:
+    expected = "preloaded" if preloaded else "lean"
+    assert sandbox.pool.tier_for(RunRequest(code=code)) == expected
+    probe = code + "\nimport sys\nprint('numpy' in sys.modules and 'sympy' in sys.modules)"
+    result = await sandbox.run(RunRequest(code=probe))
+    assert result.status is RunStatus.SUCCESS, result.stderr
+    # The lean tier has nothing preloaded; the other has both (imports above add only numpy).
+    assert result.stdout.strip().splitlines()[-1] == str(preloaded)

@@ -180,6 +180,66 @@ def worker(
     )
 
 
+@app.command()
+def bench(
+    url: Annotated[str, typer.Option(help="Base URL of a running service.")] = (
+        "http://127.0.0.1:8080"
+    ),
+    snippets: Annotated[
+        str, typer.Option(help="Comma-separated snippets: trivial, numpy, sympy.")
+    ] = "trivial,numpy,sympy",
+    sequential_calls: Annotated[
+        int, typer.Option(help="Calls made one at a time per snippet (latency; 0 to skip).")
+    ] = 200,
+    batch_calls: Annotated[
+        int, typer.Option(help="Calls sent through the batch API per snippet (0 to skip).")
+    ] = 2000,
+    batch_size: Annotated[int, typer.Option(help="Calls per batch request.")] = 64,
+    concurrency: Annotated[
+        int, typer.Option(help="Batch requests in flight at once during the batch run.")
+    ] = 8,
+    json_out: Annotated[
+        str | None, typer.Option("--json", help="Also write the rows to this JSON file.")
+    ] = None,
+) -> None:
+    """Drive a running service with trivial/numpy/sympy snippets; print calls/s and latencies."""
+    import asyncio
+    import json
+    import os
+
+    from rich.console import Console
+
+    from rstar2_sandbox.bench import run_suite, table
+    from rstar2_sandbox.client import SandboxClient
+
+    names = [s.strip() for s in snippets.split(",") if s.strip()]
+    console = Console()
+
+    async def go() -> list[dict[str, object]]:
+        async with SandboxClient(url, batch_size=batch_size, max_concurrency=concurrency) as client:
+            rows = await run_suite(
+                client,
+                url,
+                names,
+                sequential_calls=sequential_calls,
+                batch_calls=batch_calls,
+                batch_chunk=batch_size * concurrency,
+                console=console,
+            )
+        console.print(table(rows, f"rstar2-sandbox at {url} (load {os.getloadavg()[0]:.2f})"))
+        return [row.model_dump() for row in rows]
+
+    try:
+        data = asyncio.run(go())
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--snippets") from exc
+    if json_out:
+        tmp = json_out + ".tmp"
+        with open(tmp, "w") as handle:
+            json.dump(data, handle, indent=2)
+        os.replace(tmp, json_out)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

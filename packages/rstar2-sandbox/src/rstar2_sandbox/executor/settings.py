@@ -36,10 +36,14 @@ class ExecutorSettings(BaseModel):
         default=None,
         ge=1,
         le=4096,
-        description="Concurrent runs over all fork-servers (default: 2 per fork-server).",
+        description="Concurrent runs per tier over its fork-servers (default: 2 per server).",
     )
     preload: list[str] = Field(
         default_factory=default_preload, description="Modules each fork-server imports up front."
+    )
+    lean_tier: bool = Field(
+        default=True,
+        description="Also run fork-servers without preloads for code importing only the stdlib.",
     )
     isolate: bool = Field(
         default=True,

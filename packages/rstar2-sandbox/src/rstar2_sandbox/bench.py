@@ -1,0 +1,160 @@
+"""Benchmark driver: throughput and latency percentiles of any ``Sandbox`` on standard snippets.
+
+Used by ``rstar2-sandbox bench`` (against a running service) and by ``bench/bench.py`` (which
+also compares against a fresh interpreter per call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from rstar2_sandbox.models import RunRequest, RunStatus
+from rstar2_sandbox.protocol import Sandbox
+
+SNIPPETS: dict[str, str] = {
+    "trivial": "print(1 + 1)",
+    "numpy": "import numpy as np\nprint(np.linalg.det(np.eye(3) * 2))",
+    "sympy": "import sympy as sp\nx = sp.Symbol('x')\nprint(sp.integrate(x**2 + 1, x))",
+}
+
+
+class BenchRow(BaseModel):
+    """One measurement."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str
+    snippet: str
+    mode: str  # "sequential" (one call at a time) or "batch" (run_many)
+    concurrency: int
+    calls: int
+    failed: int
+    seconds: float
+    calls_per_s: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index] * 1000
+
+
+def _row(
+    target: str,
+    snippet: str,
+    mode: str,
+    concurrency: int,
+    latencies: list[float],
+    failed: int,
+    seconds: float,
+) -> BenchRow:
+    ordered = sorted(latencies)
+    return BenchRow(
+        target=target,
+        snippet=snippet,
+        mode=mode,
+        concurrency=concurrency,
+        calls=len(latencies),
+        failed=failed,
+        seconds=seconds,
+        calls_per_s=len(latencies) / seconds if seconds > 0 else 0.0,
+        p50_ms=_percentile(ordered, 0.50),
+        p90_ms=_percentile(ordered, 0.90),
+        p99_ms=_percentile(ordered, 0.99),
+    )
+
+
+async def measure_sequential(
+    sandbox: Sandbox, target: str, snippet: str, calls: int, concurrency: int = 1
+) -> BenchRow:
+    """``concurrency`` workers, each running one call at a time: per-call latency."""
+    request = RunRequest(code=SNIPPETS[snippet])
+    latencies: list[float] = []
+    failed = 0
+    remaining = calls
+
+    async def worker() -> None:
+        nonlocal remaining, failed
+        while remaining > 0:
+            remaining -= 1
+            began = time.perf_counter()
+            result = await sandbox.run(request)
+            latencies.append(time.perf_counter() - began)
+            failed += result.status is not RunStatus.SUCCESS
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return _row(
+        target, snippet, "sequential", concurrency, latencies, failed, time.perf_counter() - started
+    )
+
+
+async def measure_batch(
+    sandbox: Sandbox, target: str, snippet: str, calls: int, chunk: int
+) -> BenchRow:
+    """``run_many`` over ``calls`` requests in chunks of ``chunk``: throughput."""
+    request = RunRequest(code=SNIPPETS[snippet])
+    latencies: list[float] = []
+    failed = 0
+    started = time.perf_counter()
+    for offset in range(0, calls, chunk):
+        size = min(chunk, calls - offset)
+        began = time.perf_counter()
+        results = await sandbox.run_many([request] * size)
+        latencies.extend([time.perf_counter() - began] * size)
+        failed += sum(r.status is not RunStatus.SUCCESS for r in results)
+    return _row(target, snippet, "batch", chunk, latencies, failed, time.perf_counter() - started)
+
+
+async def run_suite(
+    sandbox: Sandbox,
+    target: str,
+    snippets: Sequence[str],
+    *,
+    sequential_calls: int,
+    batch_calls: int,
+    batch_chunk: int,
+    console: Console | None = None,
+) -> list[BenchRow]:
+    """For each snippet: latency at concurrency 1, then batch throughput; one progress bar."""
+    unknown = [s for s in snippets if s not in SNIPPETS]
+    if unknown:
+        raise ValueError(f"unknown snippets {unknown}; choose from {sorted(SNIPPETS)}")
+    rows = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"benchmarking {target}", total=2 * len(snippets))
+        for snippet in snippets:
+            await sandbox.run(RunRequest(code=SNIPPETS[snippet]))  # warm-up
+            if sequential_calls:
+                rows.append(await measure_sequential(sandbox, target, snippet, sequential_calls))
+            progress.advance(task)
+            if batch_calls:
+                rows.append(await measure_batch(sandbox, target, snippet, batch_calls, batch_chunk))
+            progress.advance(task)
+    return rows
+
+
+def table(rows: Sequence[BenchRow], title: str) -> Table:
+    """The rows as a rich table."""
+    out = Table(title=title)
+    for column in ("target", "snippet", "mode", "conc.", "calls", "failed", "calls/s", "p50 ms",
+                   "p90 ms", "p99 ms"):  # fmt: skip
+        textual = column in ("target", "snippet", "mode")
+        out.add_column(column, justify="left" if textual else "right")
+    for r in rows:
+        out.add_row(
+            r.target, r.snippet, r.mode, str(r.concurrency), str(r.calls), str(r.failed),
+            f"{r.calls_per_s:.0f}", f"{r.p50_ms:.1f}", f"{r.p90_ms:.1f}", f"{r.p99_ms:.1f}",
+        )  # fmt: skip
+    return out
