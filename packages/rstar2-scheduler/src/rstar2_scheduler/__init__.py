@@ -12,8 +12,27 @@ from rstar2_scheduler.engine import (
     KVStats,
     SamplingParams,
 )
+from rstar2_scheduler.engines import (
+    OpenAIEngine,
+    OpenAIEngineConfig,
+    TransformersEngine,
+    TransformersEngineConfig,
+    VLLMEngine,
+    VLLMEngineConfig,
+)
 from rstar2_scheduler.metrics import EngineMetrics, LatencySummary, PhaseMetrics
 from rstar2_scheduler.policies import PolicyName
+from rstar2_scheduler.protocol import (
+    ChatConfig,
+    ChatProtocol,
+    TemplateError,
+    ToolCallParser,
+    ToolOutputFormatter,
+    check_prefix_preserving,
+    install_chat_template,
+    user_prompt,
+)
+from rstar2_scheduler.rollout import RolloutConfig, RolloutRunner
 from rstar2_scheduler.scheduler import (
     JobResult,
     RolloutJob,
@@ -22,10 +41,13 @@ from rstar2_scheduler.scheduler import (
     SchedulerConfig,
 )
 from rstar2_scheduler.sim import SimEngine, SimEngineConfig
+from rstar2_scheduler.trajectory import StopReason, Trajectory, TrajectoryQuality, TurnRecord
 
 __version__ = version("rstar2-scheduler")
 
 __all__ = [
+    "ChatConfig",
+    "ChatProtocol",
     "Engine",
     "EngineMetrics",
     "GenerationRequest",
@@ -33,14 +55,32 @@ __all__ = [
     "JobResult",
     "KVStats",
     "LatencySummary",
+    "OpenAIEngine",
+    "OpenAIEngineConfig",
     "PhaseMetrics",
     "PolicyName",
+    "RolloutConfig",
     "RolloutJob",
     "RolloutPhase",
+    "RolloutRunner",
     "RolloutScheduler",
     "SamplingParams",
     "SchedulerConfig",
     "SimEngine",
     "SimEngineConfig",
+    "StopReason",
+    "TemplateError",
+    "ToolCallParser",
+    "ToolOutputFormatter",
+    "Trajectory",
+    "TrajectoryQuality",
+    "TransformersEngine",
+    "TransformersEngineConfig",
+    "TurnRecord",
+    "VLLMEngine",
+    "VLLMEngineConfig",
     "__version__",
+    "check_prefix_preserving",
+    "install_chat_template",
+    "user_prompt",
 ]
