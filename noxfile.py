@@ -96,6 +96,63 @@ def wheels(session: nox.Session) -> None:
         env=env,
         external=True,
     )
+    command = str(bare / "bin" / "rstar2-sandbox")
+    session.run(command, "--help", env=env, external=True)
+    _serve_and_probe(session, command, env)
+
+
+def _serve_and_probe(session: nox.Session, command: str, env: dict[str, str]) -> None:
+    """Start ``rstar2-sandbox serve`` on a free port, check /healthz and one run, stop it."""
+    import json
+    import signal
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    session.log(f"starting {command} serve on {url}")
+    server = subprocess.Popen(
+        [command, "serve", "--port", str(port), "--log-level", "WARNING"],
+        env={**os.environ, **env},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=2) as response:
+                    health = json.load(response)
+                break
+            except OSError:
+                if server.poll() is not None:
+                    session.error(f"rstar2-sandbox serve exited with {server.returncode}")
+                if time.monotonic() > deadline:
+                    session.error("rstar2-sandbox serve did not answer /healthz within 120 s")
+                time.sleep(0.5)
+        if health.get("status") != "ok":
+            session.error(f"/healthz answered {health}")
+        request = urllib.request.Request(
+            url + "/v1/run",
+            data=json.dumps({"code": "print(6 * 7)"}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            result = json.load(response)
+        if result.get("stdout") != "42\n":
+            session.error(f"/v1/run answered {result}")
+        session.log(f"/healthz ok; isolation: {health.get('isolation')}")
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    if server.returncode != 0:
+        session.error(f"rstar2-sandbox serve exited with {server.returncode} after SIGINT")
 
 
 @nox.session
