@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from rstar2_sandbox.cluster import ClusterQueue, ClusterSettings, ClusterWorker, RedisDispatcher
-from rstar2_sandbox.cluster.queue import connect
+from rstar2_sandbox.cluster import ClusterSettings, RedisDispatcher
 from rstar2_sandbox.dispatch import Dispatcher, QueueFullError
 from rstar2_sandbox.models import RunRequest, RunStatus
 
 from .conftest import redis_server
-from .test_worker import EchoSandbox
+from .helpers import BackgroundWorker, EchoSandbox, wait_for_stats
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.cluster]
 
@@ -28,39 +27,11 @@ async def dispatcher(redis_url: str, settings: ClusterSettings) -> AsyncIterator
     await front.close()
 
 
-class Node:
-    """One worker with its own Redis connection, serving in the background."""
-
-    def __init__(
-        self, redis_url: str, settings: ClusterSettings, sandbox: EchoSandbox, slots: int = 2
-    ) -> None:
-        self.queue = ClusterQueue(connect(redis_url), settings)
-        self.worker = ClusterWorker(
-            self.queue, sandbox, slots=slots, poll_s=0.05, drain_timeout_s=0.2
-        )
-        self.stop = asyncio.Event()
-        self.task = asyncio.create_task(self.worker.run(self.stop))
-
-    async def close(self) -> None:
-        self.stop.set()
-        await asyncio.wait_for(self.task, 10)
-        await self.queue.redis.aclose()
-
-
 @pytest_asyncio.fixture
-async def node(redis_url: str, settings: ClusterSettings) -> AsyncIterator[Node]:
-    started = Node(redis_url, settings, EchoSandbox())
+async def node(redis_url: str, settings: ClusterSettings) -> AsyncIterator[BackgroundWorker]:
+    started = BackgroundWorker.connected(redis_url, settings, EchoSandbox())
     yield started
     await started.close()
-
-
-async def wait_for_stats(dispatcher: RedisDispatcher, **expected: int) -> None:
-    """Stats refresh from Redis periodically: poll until they show ``expected``."""
-    for _ in range(100):
-        if {key: getattr(dispatcher.stats(), key) for key in expected} == expected:
-            return
-        await asyncio.sleep(0.05)
-    pytest.fail(f"stats never reached {expected}: {dispatcher.stats()}")
 
 
 async def test_is_a_dispatcher(dispatcher: RedisDispatcher) -> None:
@@ -69,7 +40,7 @@ async def test_is_a_dispatcher(dispatcher: RedisDispatcher) -> None:
 
 
 async def test_submitted_calls_come_back_to_their_callers(
-    dispatcher: RedisDispatcher, node: Node
+    dispatcher: RedisDispatcher, node: BackgroundWorker
 ) -> None:
     codes = [f"print({n})" for n in range(40)]
     results = await asyncio.gather(*(dispatcher.submit(RunRequest(code=c)) for c in codes))
@@ -83,8 +54,8 @@ async def test_stats_show_workers_slots_and_queue(
     await wait_for_stats(dispatcher, workers=0, slots=0, queue_depth=0)
     sandbox = EchoSandbox()
     sandbox.gate.clear()
-    first = Node(redis_url, settings, sandbox)
-    second = Node(redis_url, settings, sandbox)
+    first = BackgroundWorker.connected(redis_url, settings, sandbox)
+    second = BackgroundWorker.connected(redis_url, settings, sandbox)
     calls = [asyncio.create_task(dispatcher.submit(RunRequest(code="1"))) for _ in range(10)]
     # Two workers of 2 slots hold 4 calls each; 2 wait.
     await wait_for_stats(dispatcher, workers=2, slots=4, in_flight=8, queue_depth=2)
@@ -142,15 +113,16 @@ async def test_calls_survive_a_redis_that_lost_everything(
 ) -> None:
     stuck = EchoSandbox()
     stuck.gate.clear()
-    old = Node(redis_url, settings, stuck, slots=1)
+    old = BackgroundWorker.connected(redis_url, settings, stuck, slots=1, drain_timeout_s=0.2)
     calls = [asyncio.create_task(dispatcher.submit(RunRequest(code=str(n)))) for n in range(3)]
     await stuck.wait_running(2)  # it holds 2, the third waits in the queue
     # As after a restart of a Redis without persistence: queue, leases and liveness are gone.
     redis = dispatcher.queue.redis
     await redis.delete(*[key async for key in redis.scan_iter(f"{settings.key_prefix}:*")])
-    fresh = Node(redis_url, settings, EchoSandbox())
+    echo = EchoSandbox()
+    fresh = BackgroundWorker.connected(redis_url, settings, echo)
     results = await asyncio.wait_for(asyncio.gather(*calls), 10)
     assert [r.stdout for r in results] == ["0", "1", "2"]
-    assert sorted(fresh.worker.sandbox.calls) == ["0", "1", "2"]
+    assert sorted(echo.calls) == ["0", "1", "2"]
     await fresh.close()
     await old.close()

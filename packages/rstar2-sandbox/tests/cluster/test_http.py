@@ -21,8 +21,7 @@ from rstar2_sandbox.local import LocalSandbox
 from rstar2_sandbox.models import RunRequest, RunResult, RunStatus
 from rstar2_sandbox.settings import ServerSettings
 
-from .test_dispatcher import Node, wait_for_stats
-from .test_worker import EchoSandbox
+from .helpers import BackgroundWorker, EchoSandbox, wait_for_stats
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.cluster]
 
@@ -54,7 +53,7 @@ async def test_full_queue_is_503_and_metrics_show_the_cluster(
         assert gauge(metrics, "queue_depth") == 3
         assert gauge(metrics, "workers") == 0
 
-        node = Node(redis_url, cluster, EchoSandbox())
+        node = BackgroundWorker.connected(redis_url, cluster, EchoSandbox())
         responses = await asyncio.gather(*waiting)
         assert [(await r.json())["stdout"] for r in responses] == [f"print({n})" for n in range(3)]
         await wait_for_stats(dispatcher, workers=1, queue_depth=0)

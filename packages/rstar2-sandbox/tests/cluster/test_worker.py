@@ -1,13 +1,12 @@
 """Worker logic against a real Redis: batching, reclaim, retry-once, dedup, orphans, shutdown.
 
-The sandbox here is a stand-in that echoes the code (or raises, or waits for a gate) so that the
-queue logic is tested on its own; the fault tests run real workers with real executors.
+The sandbox here echoes the code (see ``EchoSandbox``); the fault tests run real workers.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
@@ -16,47 +15,14 @@ from redis.asyncio import Redis
 from rstar2_sandbox.cluster import (
     ClusterQueue,
     ClusterSettings,
-    ClusterWorker,
     ResultMessage,
     TaskMessage,
 )
 from rstar2_sandbox.models import RunRequest, RunResult, RunStatus
 
+from .helpers import BackgroundWorker, EchoSandbox
+
 pytestmark = [pytest.mark.asyncio, pytest.mark.cluster]
-
-
-class EchoSandbox:
-    """Answers each call with its code as stdout; ``gate`` holds calls until set."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self.gate = asyncio.Event()
-        self.gate.set()
-        self.running = 0
-        self._started = asyncio.Condition()
-
-    async def wait_running(self, count: int) -> None:
-        async with self._started:
-            await asyncio.wait_for(self._started.wait_for(lambda: self.running >= count), 5)
-
-    async def run(self, request: RunRequest) -> RunResult:
-        self.calls.append(request.code)
-        self.running += 1
-        async with self._started:
-            self._started.notify_all()
-        try:
-            await self.gate.wait()
-        finally:
-            self.running -= 1
-        if request.code == "explode":
-            raise RuntimeError("executor crashed")
-        return RunResult(status=RunStatus.SUCCESS, stdout=request.code)
-
-    async def run_many(self, requests: Sequence[RunRequest]) -> list[RunResult]:
-        return [await self.run(request) for request in requests]
-
-    async def aclose(self) -> None:
-        return None
 
 
 def task(n: int | str, reply_to: str = "fe") -> TaskMessage:
@@ -71,48 +37,29 @@ async def queue(redis: Redis, settings: ClusterSettings) -> ClusterQueue:
     return queue
 
 
-class Running:
-    """A worker serving in the background until stopped."""
-
-    def __init__(self, worker: ClusterWorker) -> None:
-        self.worker = worker
-        self.stop = asyncio.Event()
-        self.task = asyncio.create_task(worker.run(self.stop))
-
-    async def finish(self) -> None:
-        self.stop.set()
-        await asyncio.wait_for(self.task, 10)
-
-
 class Workers:
     """Starts workers on one queue and stops whichever are still running at teardown."""
 
     def __init__(self, queue: ClusterQueue) -> None:
         self.queue = queue
-        self.started: list[Running] = []
+        self.started: list[BackgroundWorker] = []
 
     def start(
         self, sandbox: EchoSandbox, *, slots: int, batch_size: int = 64, drain_timeout_s: float = 5
-    ) -> Running:
-        worker = ClusterWorker(
-            self.queue,
-            sandbox,
-            slots=slots,
-            batch_size=batch_size,
-            drain_timeout_s=drain_timeout_s,
-            poll_s=0.05,
+    ) -> BackgroundWorker:
+        started = BackgroundWorker(
+            self.queue, sandbox, slots=slots, batch_size=batch_size, drain_timeout_s=drain_timeout_s
         )
-        self.started.append(Running(worker))
-        return self.started[-1]
+        self.started.append(started)
+        return started
 
 
 @pytest_asyncio.fixture
 async def workers(queue: ClusterQueue) -> AsyncIterator[Workers]:
     pool = Workers(queue)
     yield pool
-    for running in pool.started:
-        if not running.task.done():
-            await running.finish()
+    for started in pool.started:
+        await started.close()
 
 
 async def collect(queue: ClusterQueue, count: int, reply_to: str = "fe") -> list[ResultMessage]:
@@ -130,7 +77,7 @@ async def test_worker_runs_every_call_once(queue: ClusterQueue, workers: Workers
         await queue.enqueue(task(n))
     running = workers.start(sandbox, slots=2, batch_size=3)
     results = await collect(queue, 30)
-    await running.finish()
+    await running.close()
     assert sorted(r.request_id for r in results) == sorted(f"r{n}" for n in range(30))
     assert all(r.result.stdout == r.request_id[1:] for r in results)
     assert sorted(sandbox.calls) == sorted(str(n) for n in range(30))
@@ -150,7 +97,7 @@ async def test_worker_holds_at_most_twice_its_slots(queue: ClusterQueue, workers
     assert (stats.queue_depth, stats.in_flight, stats.workers) == (6, 4, 1)
     sandbox.gate.set()
     await collect(queue, 10)
-    await running.finish()
+    await running.close()
 
 
 async def test_call_of_a_dead_worker_is_retried_once(
@@ -164,7 +111,7 @@ async def test_call_of_a_dead_worker_is_retried_once(
     assert result.result.status is RunStatus.SUCCESS
     assert result.deliveries == 2
     assert sandbox.calls == ["1"]
-    await running.finish()
+    await running.close()
 
 
 async def test_call_whose_workers_died_twice_fails_with_internal_error(
@@ -181,7 +128,7 @@ async def test_call_whose_workers_died_twice_fails_with_internal_error(
     assert result.result.status is RunStatus.INTERNAL_ERROR
     assert "3 times (at most 2)" in result.result.stderr
     assert sandbox.calls == []  # not run a third time
-    await running.finish()
+    await running.close()
     assert running.worker.counters.gave_up == 1
     assert await queue.redis.xlen(queue.stream) == 0
 
@@ -202,7 +149,7 @@ async def test_late_result_of_a_presumed_dead_worker_is_discarded(
     )
     assert not await queue.complete(slow.entry_id, "r1", "fe", late)
     assert await queue.pop_results("fe", count=10, timeout_s=0.2) == []
-    await running.finish()
+    await running.close()
 
 
 async def test_bad_entries_and_crashes_answer_internal_error(
@@ -217,7 +164,7 @@ async def test_bad_entries_and_crashes_answer_internal_error(
     assert "'request'" in results["bad"].stderr
     assert results["rexplode"].status is RunStatus.INTERNAL_ERROR
     assert "executor crashed" in results["rexplode"].stderr
-    await running.finish()
+    await running.close()
     assert await queue.redis.xlen(queue.stream) == 0
 
 
@@ -231,7 +178,7 @@ async def test_calls_of_a_vanished_front_end_are_dropped_unrun(
     running = workers.start(sandbox, slots=1)
     (result,) = await collect(queue, 1)
     assert result.request_id == "r9"
-    await running.finish()
+    await running.close()
     assert sandbox.calls == ["9"]
     assert running.worker.counters.orphaned == 3
     assert await queue.redis.xlen(queue.stream) == 0
@@ -262,7 +209,7 @@ async def test_shutdown_hands_back_calls_it_cannot_finish(
         await queue.enqueue(task(n))
     first = workers.start(stuck, slots=1, drain_timeout_s=0.2)
     await stuck.wait_running(2)
-    await first.finish()
+    await first.close()
     assert first.worker.counters.released == 2
     stats = await queue.stats()
     assert (stats.queue_depth, stats.in_flight, stats.workers) == (5, 0, 0)
@@ -272,4 +219,4 @@ async def test_shutdown_hands_back_calls_it_cannot_finish(
     results = await collect(queue, 5)
     assert sorted(r.request_id for r in results) == [f"r{n}" for n in range(5)]
     assert all(r.deliveries == 1 for r in results)  # handing back is not a failed delivery
-    await second.finish()
+    await second.close()
