@@ -25,6 +25,7 @@ from rstar2_sandbox.protocol import Sandbox
 logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 64  # the paper's send workers batch up to 64 tool calls
+LIVENESS_CACHE_S = 1.0
 
 
 @dataclass
@@ -78,6 +79,7 @@ class ClusterWorker:
         self._held: dict[str, TaskMessage] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
         self._room = asyncio.Event()
+        self._alive_until: dict[str, float] = {}  # front end id -> when to check it again
 
     @property
     def max_held(self) -> int:
@@ -135,7 +137,7 @@ class ClusterWorker:
     async def _accept(self, deliveries: list[Delivery]) -> None:
         if not deliveries:
             return
-        alive = await self.queue.alive_frontends({d.reply_to for d in deliveries if d.reply_to})
+        alive = await self._alive_frontends({d.reply_to for d in deliveries if d.reply_to})
         drop: list[str] = []
         max_deliveries = self.queue.settings.max_deliveries
         for delivery in deliveries:
@@ -167,6 +169,20 @@ class ClusterWorker:
                 )
         if drop:
             await self.queue.discard(drop)
+
+    async def _alive_frontends(self, frontend_ids: set[str]) -> set[str]:
+        """Which front ends are alive; a live one is not asked about again for a second.
+
+        Dropping calls of vanished front ends only saves work, so a second of staleness costs
+        nothing, while asking Redis before every batch would add a round trip to every call.
+        """
+        now = time.monotonic()
+        unknown = {fid for fid in frontend_ids if self._alive_until.get(fid, 0.0) <= now}
+        alive = await self.queue.alive_frontends(unknown) if unknown else set()
+        if len(self._alive_until) > 1024:
+            self._alive_until = {f: t for f, t in self._alive_until.items() if t > now}
+        self._alive_until.update(dict.fromkeys(alive, now + LIVENESS_CACHE_S))
+        return (frontend_ids - unknown) | alive
 
     async def _execute(self, entry_id: str, task: TaskMessage, deliveries: int) -> None:
         try:
