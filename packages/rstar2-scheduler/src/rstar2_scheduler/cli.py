@@ -156,6 +156,8 @@ def bench(
         max_concurrency=max_concurrency,
     )
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=132)  # logs and pipes: keep the tables whole
     with Progress(
         TextColumn("{task.description:>13}"),
         BarColumn(),
@@ -174,7 +176,31 @@ def bench(
         json_out.write_text(report.model_dump_json(indent=1))
         console.print(f"report: {json_out}")
     if plot is not None:
-        from rstar2_scheduler.sim.plot import plot_timelines
+        console.print(f"timeline: {_plot_report(report, plot)}")
 
-        phases = {name: run.metrics for name, run in report.runs.items()}
-        console.print(f"timeline: {plot_timelines(phases, plot, bound_s=report.bound.bound_s)}")
+
+def _plot_report(report: BenchReport, path: Path) -> Path:
+    from rstar2_scheduler.sim.plot import plot_timelines
+
+    config, workload = report.config, report.config.workload
+    title = (
+        f"{config.engines} simulated engines, {workload.rollouts:,} rollouts "
+        f"({workload.prompts} prompts x {workload.rollouts_per_prompt}), "
+        f"{workload.response_budget:,}-token budget, kv-aware over-commit {config.overcommit:.2f}"
+    )
+    phases = {name: run.metrics for name, run in report.runs.items()}
+    return plot_timelines(phases, path, bound_s=report.bound.bound_s, title=title)
+
+
+@app.command()
+def plot(
+    report: Annotated[
+        Path, typer.Argument(exists=True, dir_okay=False, help="A report from 'bench --json'.")
+    ],
+    out: Annotated[Path, typer.Option(help="Where to write the PNG timeline.")] = Path(
+        "bench_timeline.png"
+    ),
+) -> None:
+    """Draw the engine-utilization timeline of a saved benchmark report."""
+    loaded = BenchReport.model_validate_json(report.read_text())
+    Console().print(f"timeline: {_plot_report(loaded, out)}")

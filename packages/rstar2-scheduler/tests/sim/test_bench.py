@@ -88,6 +88,11 @@ def test_cli_prints_the_table_and_writes_plot_and_json(tmp_path: Path) -> None:
     saved = json.loads(out.read_text())
     assert set(saved["runs"]) == {"static", "kv-aware"}
     assert saved["config"]["engine"]["num_blocks"] == 1024
+    # The saved report can be drawn again without rerunning it.
+    again = tmp_path / "again.png"
+    result = CliRunner().invoke(app, ["plot", str(out), "--out", str(again)])
+    assert result.exit_code == 0, result.output
+    assert again.read_bytes().startswith(b"\x89PNG")
 
 
 def test_cli_rejects_an_unknown_policy() -> None:

@@ -47,7 +47,11 @@ def _engine_row(engine: EngineMetrics, edges: list[float]) -> list[float]:
 
 
 def plot_timelines(
-    phases: Mapping[str, PhaseMetrics], path: Path, *, bound_s: float | None = None
+    phases: Mapping[str, PhaseMetrics],
+    path: Path,
+    *,
+    bound_s: float | None = None,
+    title: str | None = None,
 ) -> Path:
     """One panel per policy: engines by time, coloured by KV usage while busy, blank when idle."""
     plt = _pyplot()
@@ -86,6 +90,8 @@ def plot_timelines(
     if bound_s is not None:
         caption += "; dashed red: lower bound"
     fig.text(0.01, 0.005, caption, fontsize=8, color="#555555")
+    if title:
+        fig.suptitle(title, fontsize=11)
     fig.colorbar(image, ax=axes[:, 0].tolist(), label="KV cache usage", fraction=0.03, pad=0.01)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
