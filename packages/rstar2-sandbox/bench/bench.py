@@ -28,7 +28,7 @@ from rstar2_sandbox.baseline import FreshInterpreterSandbox
 from rstar2_sandbox.bench import BenchRow, measure_batch, measure_sequential, run_suite, table
 from rstar2_sandbox.models import RunRequest
 
-console = Console()
+console = Console(width=max(120, Console().width))
 
 
 def free_port() -> int:
@@ -37,14 +37,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def compare(snippets: list[str], calls: int, slots: int) -> list[BenchRow]:
+async def compare(
+    snippets: list[str], calls: int, baseline_calls: int, slots: int
+) -> list[BenchRow]:
     settings = ExecutorSettings(slots=slots)
     rows: list[BenchRow] = []
     baseline = FreshInterpreterSandbox(settings)
     async with LocalSandbox(settings) as fork:
         for snippet in snippets:
-            for name, sandbox in (("fork-server", fork), ("fresh-interpreter", baseline)):
-                rows.append(await measure_batch(sandbox, name, snippet, calls, calls))
+            rows.append(await measure_batch(fork, "fork-server", snippet, calls, calls))
+            rows.append(
+                await measure_batch(
+                    baseline, "fresh-interpreter", snippet, baseline_calls, baseline_calls
+                )
+            )
     await baseline.aclose()
     return rows
 
@@ -85,6 +91,9 @@ async def end_to_end(url: str, snippets: list[str], calls: int, batch: int) -> l
 
 def main(
     calls: Annotated[int, typer.Option(help="Calls per measurement.")] = 1000,
+    baseline_calls: Annotated[
+        int, typer.Option(help="Calls per snippet for the (slow) fresh-interpreter baseline.")
+    ] = 100,
     snippets: Annotated[str, typer.Option(help="Comma-separated snippets.")] = (
         "trivial,numpy,sympy"
     ),
@@ -99,7 +108,7 @@ def main(
     cores = len(os.sched_getaffinity(0))
     slot_count = slots or 2 * cores
     load_before = os.getloadavg()[0]
-    executor_rows = asyncio.run(compare(names, calls, slot_count))
+    executor_rows = asyncio.run(compare(names, calls, baseline_calls, slot_count))
     console.print(table(executor_rows, f"executors, {slot_count} slots, {cores} cores"))
     if not FreshInterpreterSandbox(ExecutorSettings()).drop_uid:
         console.print("note: the fresh-interpreter baseline ran without a per-call uid")

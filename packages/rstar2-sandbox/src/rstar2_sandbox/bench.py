@@ -21,7 +21,7 @@ from rstar2_sandbox.protocol import Sandbox
 SNIPPETS: dict[str, str] = {
     "trivial": "print(1 + 1)",
     "numpy": "import numpy as np\nprint(np.linalg.det(np.eye(3) * 2))",
-    "sympy": "import sympy as sp\nx = sp.Symbol('x')\nprint(sp.integrate(x**2 + 1, x))",
+    "sympy": "import sympy as sp\nx = sp.Symbol('x')\nprint(sp.factor(x**4 - 1))",
 }
 
 
