@@ -212,3 +212,11 @@ async def test_stdlib_only_code_runs_on_the_lean_tier(
     assert result.status is RunStatus.SUCCESS, result.stderr
     # The lean tier has nothing preloaded; the other has both (imports above add only numpy).
     assert result.stdout.strip().splitlines()[-1] == str(preloaded)
+
+
+async def test_children_inherit_the_fork_servers_warm_up(sandbox: LocalSandbox) -> None:
+    # sympy loads sympy.combinatorics lazily on the first factor(); the fork-server's warm-up
+    # did that already, so a run starts with it loaded.
+    code = "import sys, sympy\nprint('sympy.combinatorics' in sys.modules)"
+    result = await sandbox.run(RunRequest(code=code))
+    assert result.stdout == "True\n"

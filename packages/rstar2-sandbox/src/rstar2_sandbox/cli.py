@@ -213,7 +213,7 @@ def bench(
     from rstar2_sandbox.client import SandboxClient
 
     names = [s.strip() for s in snippets.split(",") if s.strip()]
-    console = Console()
+    console = Console(width=max(120, Console().width))
 
     async def go() -> list[dict[str, object]]:
         async with SandboxClient(url, batch_size=batch_size, max_concurrency=concurrency) as client:

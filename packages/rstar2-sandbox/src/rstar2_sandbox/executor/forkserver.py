@@ -39,6 +39,7 @@ from rstar2_sandbox.executor.syscalls import (
     kill_quietly,
     set_parent_death_signal,
 )
+from rstar2_sandbox.executor.warmup import warm_up
 
 log = logging.getLogger("rstar2_sandbox.forkserver")
 
@@ -527,6 +528,7 @@ def main() -> None:
             failed[name] = f"{type(exc).__name__}: {exc}"
         else:
             preloaded.append(name)
+    warm_up(preloaded)
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         # The first reseed imports and initialises its entropy source (~30 ms); do it once here
