@@ -109,15 +109,17 @@ class _PlacedEngine(Engine):
         if self._last_end is not None:
             self._run.gaps.append(now - self._last_end)
         activity.begin(now)
-        failed = True
         try:
             result = await self._slot.engine.generate(request)
-            failed = result.finish_reason == "error"
-            return result
+        except Exception:
+            self._run.record_engine_outcome(self._slot, failed=True)
+            raise
         finally:
+            # A cancelled call is the caller's doing: it ends the busy span but is no error.
             self._last_end = loop.time()
             activity.end(self._last_end)
-            self._run.record_engine_outcome(self._slot, failed=failed)
+        self._run.record_engine_outcome(self._slot, failed=result.finish_reason == "error")
+        return result
 
     def kv_stats(self) -> KVStats:
         return self._slot.engine.kv_stats()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections import Counter, defaultdict
 
@@ -286,3 +287,54 @@ def test_bad_settings_name_the_field() -> None:
     assert RolloutScheduler(engines, config, max_concurrency=5).config == SchedulerConfig(
         policy="static", max_concurrency=5
     )
+
+
+class RaisingEngine(BrokenEngine):
+    """Raises instead of returning an error result, as a buggy engine might."""
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        self.calls += 1
+        raise ConnectionError("connection reset")
+
+
+def test_an_engine_that_raises_is_taken_out_of_service_too() -> None:
+    raising = RaisingEngine("raising")
+    engines: list[Engine] = [raising, RecordingEngine("good")]
+    results = run_phase(
+        engines,
+        [turns_job(f"j{i}", 1) for i in range(8)],
+        policy="least-loaded",
+        max_concurrency=2,
+        max_consecutive_engine_errors=1,
+    )
+    assert [error for _, error in results].count("ConnectionError: connection reset") == 1
+    assert raising.calls == 1
+
+
+def test_a_rollout_cancelling_its_own_request_is_no_engine_error() -> None:
+    def impatient(key: str) -> RolloutJob[str]:
+        patient = turns_job(key, 1)
+
+        async def run(engine: Engine) -> str:
+            request = GenerationRequest(
+                request_id=f"{key}/hasty",
+                prompt_ids=(1, 2, 3),
+                sampling=SamplingParams(max_new_tokens=64, seed=1),
+            )
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1e-4):
+                    await engine.generate(request)
+            return await patient.run(engine)
+
+        return RolloutJob(run=run, kv_tokens=1000, key=key)
+
+    engines: list[Engine] = [RecordingEngine("e0"), RecordingEngine("e1")]
+    results = run_phase(
+        engines,
+        [impatient(f"j{i}") for i in range(6)],
+        policy="least-loaded",
+        max_concurrency=2,
+        max_consecutive_engine_errors=1,
+    )
+    assert all(error is None for _, error in results)
+    assert {engine for engine, _ in results} == {"e0", "e1"}
