@@ -98,7 +98,7 @@ def main(
         "trivial,numpy,sympy"
     ),
     slots: Annotated[
-        int | None, typer.Option(help="Concurrent runs (default: 2 per core).")
+        int | None, typer.Option(help="Concurrent runs per tier (default: 4 per core).")
     ] = None,
     batch_size: Annotated[int, typer.Option(help="Calls per HTTP batch request.")] = 64,
     json_out: Annotated[str | None, typer.Option("--json", help="Write all rows here.")] = None,
@@ -106,7 +106,7 @@ def main(
     """Run both comparisons and print tables, ratios and the load they ran under."""
     names = [s.strip() for s in snippets.split(",") if s.strip()]
     cores = len(os.sched_getaffinity(0))
-    slot_count = slots or 2 * cores
+    slot_count = slots or 4 * cores
     load_before = os.getloadavg()[0]
     executor_rows = asyncio.run(compare(names, calls, baseline_calls, slot_count))
     console.print(table(executor_rows, f"executors, {slot_count} slots, {cores} cores"))

@@ -36,7 +36,7 @@ class ExecutorSettings(BaseModel):
         default=None,
         ge=1,
         le=4096,
-        description="Concurrent runs per tier over its fork-servers (default: 2 per server).",
+        description="Concurrent runs per tier over its fork-servers (default: 4 per server).",
     )
     preload: list[str] = Field(
         default_factory=default_preload, description="Modules each fork-server imports up front."
@@ -69,7 +69,8 @@ class ExecutorSettings(BaseModel):
     @property
     def total_slots(self) -> int:
         """Concurrent runs over the whole pool."""
-        return self.slots if self.slots is not None else 2 * self.servers
+        # Several runs per fork-server overlap one child's run with the next fork.
+        return self.slots if self.slots is not None else 4 * self.servers
 
 
 class ForkServerConfig(BaseModel):
