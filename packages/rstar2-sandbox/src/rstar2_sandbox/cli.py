@@ -36,7 +36,9 @@ def serve(
     ] = None,
     slots: Annotated[
         int | None,
-        typer.Option(help="Calls running at once per tier over all fork-servers (default: 4 per server)."),
+        typer.Option(
+            help="Calls running at once per tier over all fork-servers (default: 4 per server)."
+        ),
     ] = None,
     preload: Annotated[
         str | None,
