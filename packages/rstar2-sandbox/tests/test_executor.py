@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rstar2_sandbox import LocalSandbox, RunRequest, RunStatus, Sandbox
+from rstar2_sandbox import ExecutorSettings, LocalSandbox, RunRequest, RunStatus, Sandbox
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -220,3 +220,24 @@ async def test_children_inherit_the_fork_servers_warm_up(sandbox: LocalSandbox) 
     code = "import sys, sympy\nprint('sympy.combinatorics' in sys.modules)"
     result = await sandbox.run(RunRequest(code=code))
     assert result.stdout == "True\n"
+
+
+async def test_without_isolation_runs_work_and_leftovers_still_die() -> None:
+    """The path a non-root server takes: same uid for all runs, leftovers found by session."""
+    from .conftest import children_of  # type: ignore[import-not-found]
+
+    settings = ExecutorSettings(servers=1, slots=2, preload=[], isolate=False)
+    async with LocalSandbox(settings) as plain:
+        report = plain.isolation
+        assert not report.unprivileged_uid.active
+        assert not report.network_namespace.active
+        assert report.unprivileged_uid.detail == "disabled"
+        daemon = (
+            "import os, time\n"
+            "if os.fork() == 0:\n    os.setsid()\n    time.sleep(1000)\n"
+            f"print(os.getuid() == {os.getuid()})\n"
+        )
+        result = await plain.run(RunRequest(code=daemon))
+        assert result.status is RunStatus.SUCCESS
+        assert result.stdout == "True\n"
+        assert [children_of(pid) for pid in plain.pool.server_pids] == [[]]
