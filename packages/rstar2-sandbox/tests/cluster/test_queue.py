@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 from rstar2_sandbox.cluster import (
     ClusterQueue,
     ClusterSettings,
+    Completion,
     ResultMessage,
     TaskMessage,
     WorkerInfo,
@@ -51,7 +52,7 @@ async def test_call_travels_from_enqueue_to_front_end(
     (delivery,) = await queue.read_new("w1", count=10, block_s=0.1)
     assert delivery.task == task(1)
     assert delivery.deliveries == 1
-    assert await queue.complete(delivery.entry_id, "r1", "fe", result(1))
+    assert await queue.complete(Completion(delivery.entry_id, "fe", result(1)))
     assert await queue.pop_results("fe", count=10, timeout_s=0.1) == [result(1)]
     assert await redis.xlen(queue.stream) == 0
     assert await redis.xpending(queue.stream, "workers") == {
@@ -84,7 +85,7 @@ async def test_full_queue_refuses_until_calls_are_taken(
     assert not await queue.enqueue(task(6))
     stats = await queue.stats()
     assert (stats.queue_depth, stats.in_flight) == (3, 1)
-    await queue.complete(delivery.entry_id, "r0", "fe", result(0))
+    await queue.complete(Completion(delivery.entry_id, "fe", result(0)))
     assert not await queue.enqueue(task(6))
 
 
@@ -124,8 +125,8 @@ async def test_only_the_first_result_reaches_the_front_end(
     (first,) = await queue.read_new("w1", count=1, block_s=0.1)
     await asyncio.sleep(settings.lease_s + 0.1)
     (second,) = await queue.claim_stale("w2", count=1)
-    assert await queue.complete(second.entry_id, "r1", "fe", result(1, "w2", 2))
-    assert not await queue.complete(first.entry_id, "r1", "fe", result(1, "w1", 1))
+    assert await queue.complete(Completion(second.entry_id, "fe", result(1, "w2", 2)))
+    assert not await queue.complete(Completion(first.entry_id, "fe", result(1, "w1", 1)))
     assert await queue.pop_results("fe", count=10, timeout_s=0.1) == [result(1, "w2", 2)]
     assert await queue.pop_results("fe", count=10, timeout_s=0.1) == []
     assert await redis.xlen(queue.stream) == 0
@@ -234,7 +235,8 @@ async def test_prune_forgets_only_idle_consumers_holding_nothing(
     async def take_and_finish(consumer: str) -> None:
         (delivery,) = await queue.read_new(consumer, count=1, block_s=0.1)
         assert delivery.task is not None
-        await queue.complete(delivery.entry_id, delivery.task.request_id, "fe", result(0))
+        n = int(delivery.task.request_id[1:])
+        await queue.complete(Completion(delivery.entry_id, "fe", result(n)))
 
     await queue.read_new("holds-a-call", count=1, block_s=0.1)
     await take_and_finish("died-empty")

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from rstar2_sandbox.cluster import (
     ClusterQueue,
     ClusterSettings,
+    Completion,
     ResultMessage,
     TaskMessage,
 )
@@ -147,7 +148,7 @@ async def test_late_result_of_a_presumed_dead_worker_is_discarded(
         worker="slow",
         deliveries=1,
     )
-    assert not await queue.complete(slow.entry_id, "r1", "fe", late)
+    assert not await queue.complete(Completion(slow.entry_id, "fe", late))
     assert await queue.pop_results("fe", count=10, timeout_s=0.2) == []
     await running.close()
 

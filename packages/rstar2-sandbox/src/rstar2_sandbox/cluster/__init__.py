@@ -15,7 +15,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from rstar2_sandbox.cluster.dispatcher import RedisDispatcher
 from rstar2_sandbox.cluster.messages import Delivery, ResultMessage, TaskMessage, WorkerInfo
-from rstar2_sandbox.cluster.queue import ClusterQueue, QueueStats, connect
+from rstar2_sandbox.cluster.queue import ClusterQueue, Completion, QueueStats, connect
 from rstar2_sandbox.cluster.settings import ClusterSettings
 from rstar2_sandbox.cluster.worker import ClusterWorker, WorkerCounters
 
@@ -23,6 +23,7 @@ __all__ = [
     "ClusterQueue",
     "ClusterSettings",
     "ClusterWorker",
+    "Completion",
     "Delivery",
     "QueueStats",
     "RedisDispatcher",

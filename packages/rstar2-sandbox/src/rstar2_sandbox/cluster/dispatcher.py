@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from rstar2_sandbox.cluster.coalesce import Coalescer
 from rstar2_sandbox.cluster.messages import TaskMessage, internal_error
 from rstar2_sandbox.cluster.queue import ClusterQueue, QueueStats, connect
 from rstar2_sandbox.cluster.settings import ClusterSettings
@@ -52,7 +53,12 @@ class RedisDispatcher:
         self._redis: Redis[str] | None = None
         self._queue: ClusterQueue | None = None
         self._waiters: dict[str, _Waiter] = {}
+        # Calls submitted together are queued in one round trip.
+        self._enqueuer: Coalescer[TaskMessage, bool] = Coalescer(
+            lambda tasks: self.queue.enqueue_many(tasks)
+        )
         self._loops: list[asyncio.Task[None]] = []
+        self._closing = asyncio.Event()
         self._cluster = QueueStats(queue_depth=0, in_flight=0, workers=0)
         self.unclaimed_results = 0
         """Results that arrived for no waiter (it timed out or its client went away)."""
@@ -71,6 +77,7 @@ class RedisDispatcher:
         await self._queue.ensure_group()
         await self._queue.touch_frontend(self.frontend_id)
         self._cluster = await self._queue.stats()
+        self._closing.clear()
         self._loops = [
             asyncio.create_task(self._receive_results()),
             asyncio.create_task(self._refresh()),
@@ -79,11 +86,14 @@ class RedisDispatcher:
 
     async def close(self) -> None:
         """Stop; calls still waiting get ``QueueFullError`` (retryable) and workers drop them."""
-        for loop in self._loops:
-            loop.cancel()
-        for loop in self._loops:
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop
+        # The loops stop between Redis commands (cancelling one midway costs a reconnection);
+        # only a Redis that stopped answering makes them be cancelled.
+        self._closing.set()
+        if self._loops:
+            _, stuck = await asyncio.wait(self._loops, timeout=self.refresh_s + 5)
+            for loop in stuck:
+                loop.cancel()
+            await asyncio.gather(*self._loops, return_exceptions=True)
         self._loops = []
         # Calls still waiting are refused as retryable (503 over HTTP), not failed: their
         # clients resubmit them to another front end instead of taking a bogus internal_error.
@@ -108,7 +118,7 @@ class RedisDispatcher:
         try:
             retry_after_s = self.settings.retry_after_s
             try:
-                accepted = await self.queue.enqueue(task)
+                accepted = await self._enqueuer.submit(task)
             except RedisError as exc:
                 # Retryable like a full queue: the call was not accepted.
                 logger.error("could not queue call %s: %s", request_id, exc)
@@ -139,15 +149,20 @@ class RedisDispatcher:
             isolation=self._cluster.isolation,
         )
 
+    async def _pause(self) -> None:
+        """Wait ``refresh_s``, or less when closing."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), self.refresh_s)
+
     async def _receive_results(self) -> None:
-        while True:
+        while not self._closing.is_set():
             try:
                 results = await self.queue.pop_results(
                     self.frontend_id, REPLY_BATCH, timeout_s=self.refresh_s
                 )
             except RedisError:
                 logger.exception("could not read results from Redis; retrying")
-                await asyncio.sleep(self.refresh_s)
+                await self._pause()
                 continue
             for message in results:
                 waiter = self._waiters.get(message.request_id)
@@ -158,8 +173,8 @@ class RedisDispatcher:
 
     async def _refresh(self) -> None:
         """Keep the liveness key fresh and the cluster counts current."""
-        while True:
-            await asyncio.sleep(self.refresh_s)
+        while not self._closing.is_set():
+            await self._pause()
             try:
                 if not await self.queue.touch_frontend(self.frontend_id):
                     await self._recover()

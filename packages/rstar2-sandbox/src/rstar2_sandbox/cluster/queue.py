@@ -71,6 +71,15 @@ class QueueStats:
         )
 
 
+@dataclass(frozen=True)
+class Completion:
+    """A call's result, ready to be written: which entry it ends and who waits for it."""
+
+    entry_id: str
+    reply_to: str
+    message: ResultMessage
+
+
 def connect(url: str, max_connections: int = 64) -> Redis[str]:
     """A client whose concurrent commands share at most ``max_connections`` connections.
 
@@ -133,12 +142,20 @@ class ClusterQueue:
 
     async def enqueue(self, task: TaskMessage) -> bool:
         """Append a call; False when ``max_queue`` calls already wait for a worker."""
-        fields = task.to_fields()
-        entry = await self._enqueue(
-            keys=[self.stream],
-            args=[GROUP, self.settings.max_queue, fields["id"], fields["reply"], fields["request"]],
-        )
-        return entry is not None
+        (accepted,) = await self.enqueue_many([task])
+        return accepted
+
+    async def enqueue_many(self, tasks: list[TaskMessage]) -> list[bool]:
+        """``enqueue`` for many calls in one round trip (each checked against the bound)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for task in tasks:
+                fields = task.to_fields()
+                args = [fields["id"], fields["reply"], fields["request"]]
+                await self._enqueue(
+                    keys=[self.stream], args=[GROUP, self.settings.max_queue, *args], client=pipe
+                )
+            entries = await pipe.execute()
+        return [entry is not None for entry in entries]
 
     async def pop_results(
         self, frontend_id: str, count: int, timeout_s: float
@@ -226,24 +243,37 @@ class ClusterQueue:
                 self.stream, GROUP, consumer, min_idle_time=0, message_ids=entry_ids, justid=True
             )
 
-    async def complete(
-        self, entry_id: str, request_id: str, reply_to: str, result: ResultMessage
-    ) -> bool:
+    async def complete(self, done: Completion) -> bool:
         """Write a call's result (first writer wins) and remove the call from the stream.
 
         Returns False when another worker had already written a result: this one is discarded.
         """
-        written = await self._complete(
-            keys=[self.done_key(request_id), self.reply_key(reply_to), self.stream],
-            args=[
-                result.model_dump_json(include={"worker", "deliveries"}),
-                result.model_dump_json(),
-                _ms(self.settings.result_ttl_s),
-                GROUP,
-                entry_id,
-            ],
-        )
-        return bool(written)
+        (written,) = await self.complete_many([done])
+        return written
+
+    async def complete_many(self, completions: list[Completion]) -> list[bool]:
+        """``complete`` for many calls in one round trip."""
+        ttl = _ms(self.settings.result_ttl_s)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for done in completions:
+                message = done.message
+                await self._complete(
+                    keys=[
+                        self.done_key(message.request_id),
+                        self.reply_key(done.reply_to),
+                        self.stream,
+                    ],
+                    args=[
+                        message.model_dump_json(include={"worker", "deliveries"}),
+                        message.model_dump_json(),
+                        ttl,
+                        GROUP,
+                        done.entry_id,
+                    ],
+                    client=pipe,
+                )
+            written = await pipe.execute()
+        return [bool(flag) for flag in written]
 
     async def discard(self, entry_ids: list[str]) -> None:
         """Remove calls from the stream without a result (their front end is gone)."""

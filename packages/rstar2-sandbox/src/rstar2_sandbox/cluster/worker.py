@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
+from rstar2_sandbox.cluster.coalesce import Coalescer
 from rstar2_sandbox.cluster.messages import (
     Delivery,
     ResultMessage,
@@ -18,7 +19,7 @@ from rstar2_sandbox.cluster.messages import (
     WorkerInfo,
     internal_error,
 )
-from rstar2_sandbox.cluster.queue import ClusterQueue
+from rstar2_sandbox.cluster.queue import ClusterQueue, Completion
 from rstar2_sandbox.models import RunResult
 from rstar2_sandbox.protocol import Sandbox
 
@@ -79,6 +80,7 @@ class ClusterWorker:
         self._held: dict[str, TaskMessage] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
         self._room = asyncio.Event()
+        self._completer = Coalescer(queue.complete_many)
         self._alive_until: dict[str, float] = {}  # front end id -> when to check it again
 
     @property
@@ -90,7 +92,8 @@ class ClusterWorker:
         settings = self.queue.settings
         await self.queue.ensure_group()
         await self.queue.heartbeat(self.worker_id, self.info)
-        keeper = asyncio.create_task(self._keep_alive())
+        keeper_stop = asyncio.Event()
+        keeper = asyncio.create_task(self._keep_alive(keeper_stop))
         logger.info(
             "worker %s serving: %d slots, batches of up to %d",
             self.worker_id,
@@ -128,9 +131,8 @@ class ClusterWorker:
             try:
                 await self._drain()
             finally:
-                keeper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await keeper
+                keeper_stop.set()
+                await keeper
             await self.queue.deregister(self.worker_id)
             logger.info("worker %s stopped: %s", self.worker_id, self.counters)
 
@@ -205,28 +207,28 @@ class ClusterWorker:
 
     async def _finish(self, entry_id: str, reply_to: str, message: ResultMessage) -> None:
         """Write the result of the call in ``entry_id`` unless another worker did first."""
-        request_id = message.request_id
         try:
-            written = await self.queue.complete(entry_id, request_id, reply_to, message)
+            written = await self._completer.submit(Completion(entry_id, reply_to, message))
         except RedisError:
             # The call stays pending without a lease: another worker reclaims and reruns it.
-            logger.exception("could not write the result of call %s", request_id)
+            logger.exception("could not write the result of call %s", message.request_id)
             return
         if written:
             self.counters.completed += 1
         else:
-            logger.info("discarding duplicate result of call %s", request_id)
+            logger.info("discarding duplicate result of call %s", message.request_id)
             self.counters.duplicates += 1
 
-    async def _keep_alive(self) -> None:
-        """Heartbeat and renew the leases of held calls, every third of the lease.
+    async def _keep_alive(self, stop: asyncio.Event) -> None:
+        """Heartbeat and renew the leases of held calls, every third of the lease, until ``stop``.
 
         Every hundredth beat also forgets consumers of workers that died long ago (idle for 30
-        leases, holding nothing), so the consumer group does not grow with every restart.
+        leases, holding nothing), so the consumer group does not grow with every restart. It
+        stops between beats: cancelling a Redis command midway costs a reconnection.
         """
         interval = self.queue.settings.lease_s / 3
         beats = 0
-        while True:
+        while not stop.is_set():
             try:
                 await self.queue.heartbeat(self.worker_id, self.info)
                 await self.queue.renew(self.worker_id, list(self._held))
@@ -235,7 +237,8 @@ class ClusterWorker:
             except RedisError:
                 logger.exception("worker %s could not renew its leases", self.worker_id)
             beats += 1
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
 
     async def _drain(self) -> None:
         """Let running calls finish within ``drain_timeout_s``; hand the rest back unrun."""
