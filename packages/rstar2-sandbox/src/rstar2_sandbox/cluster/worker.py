@@ -48,8 +48,8 @@ class WorkerCounters:
 class ClusterWorker:
     """Runs queued calls on ``sandbox`` with at most ``2 * slots`` of them held at once.
 
-    Holding one batch beyond the sandbox's slots hides the Redis round trip; holding more would
-    starve other workers. Reads take at most ``batch_size`` calls each.
+    Holding as many calls again as the sandbox has slots hides the Redis round trip; holding more
+    would starve other workers. Reads take at most ``batch_size`` calls each.
     """
 
     def __init__(
