@@ -108,9 +108,17 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
             ids = token_ids[prefix].reshape(-1, 1)[rows_slice]
             upstream = grad_out[prefix].reshape(-1, 1)[rows_slice]
             norm = log_norm[prefix].reshape(-1, 1)[rows_slice]
-            grad = _scaled(block, temperature, writable=True).sub_(norm).exp_().mul_(-upstream)
-            grad.scatter_add_(-1, ids, upstream)
-            grad_logits[prefix].view(-1, logits.shape[-1])[rows_slice] = grad
+            target = grad_logits[prefix].view(-1, logits.shape[-1])[rows_slice]
+            if target.dtype == _compute_dtype(target.dtype):
+                # Work in the gradient's own memory: no chunk buffer and no final copy.
+                work = target.copy_(block)
+                if temperature != 1.0:
+                    work.div_(temperature)
+            else:
+                work = _scaled(block, temperature, writable=True)
+            work.sub_(norm).exp_().mul_(-upstream).scatter_add_(-1, ids, upstream)
+            if work is not target:
+                target.copy_(work)
         return grad_logits, None, None, None
 
 
