@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rstar2_scheduler.policies import POLICY_NAMES
+from rstar2_scheduler.policies import POLICY_NAMES, RESERVATIONS
 from rstar2_scheduler.sim.bench import BenchConfig, BenchReport, run_benchmark
 from rstar2_scheduler.sim.engine import SimEngineConfig
 from rstar2_scheduler.sim.workload import WorkloadConfig
@@ -26,6 +26,11 @@ class PolicyChoice(StrEnum):
     static = "static"
     least_loaded = "least-loaded"
     kv_aware = "kv-aware"
+
+
+class ReservationChoice(StrEnum):
+    live = "live"
+    max = "max"
 
 
 _DEFAULT_WORKLOAD = WorkloadConfig()
@@ -55,7 +60,10 @@ def _print_report(report: BenchReport, console: Console) -> None:
         "tool gap s",
         "wall s",
     ):
-        table.add_column(column, justify="left" if column == "policy" else "right")
+        if column == "policy":
+            table.add_column(column, no_wrap=True)
+        else:
+            table.add_column(column, justify="right")
     for name, run in report.runs.items():
         m = run.metrics
         table.add_row(
@@ -115,10 +123,30 @@ def bench(
         list[PolicyChoice] | None,
         typer.Option(help="Policy to run; repeat for several. Default: all three."),
     ] = None,
+    reservation: Annotated[
+        list[ReservationChoice] | None,
+        typer.Option(
+            help=(
+                "kv-aware admission; repeat for both. 'live' (the scheduler's default): admit "
+                "while an engine's reported KV usage and the forecast peak of its rollouts, "
+                "learnt from the footprints seen so far, fit its cache. 'max': each rollout "
+                "reserves prompt + max response, up to --overcommit x the cache. "
+                "Default: both, as runs 'kv-aware' and 'kv-aware/max'."
+            )
+        ),
+    ] = None,
     overcommit: Annotated[
         float,
-        typer.Option(min=0.01, help="kv-aware: reservations may reach this times the capacity."),
+        typer.Option(
+            min=0.01, help="kv-aware 'max': reservations may reach this times the capacity."
+        ),
     ] = 1 / 0.7,
+    kv_headroom: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=0.99, help="kv-aware 'live': fraction of each KV cache kept free."
+        ),
+    ] = 0.1,
     max_concurrency: Annotated[
         int | None, typer.Option(min=1, help="Most rollouts in flight; default: no cap.")
     ] = None,
@@ -136,6 +164,7 @@ def bench(
     calls of ~0.3 s) through the production RolloutScheduler on fresh SimEngines.
     """
     chosen = tuple(p.value for p in policy) if policy else POLICY_NAMES
+    modes = tuple(r.value for r in reservation) if reservation else RESERVATIONS
     blocks = -(-kv_tokens // _DEFAULT_ENGINE.block_size)
     config = BenchConfig(
         engines=engines,
@@ -152,7 +181,9 @@ def bench(
             update={"num_blocks": blocks, "max_num_seqs": max_num_seqs}
         ),
         policies=chosen,
+        reservations=modes,
         overcommit=overcommit,
+        kv_headroom=kv_headroom,
         max_concurrency=max_concurrency,
     )
     console = Console()
@@ -167,7 +198,7 @@ def bench(
     ) as progress:
         tasks = {
             name: progress.add_task(name, total=config.workload.rollouts)
-            for name in config.policies
+            for name, _, _ in config.run_names()
         }
         report = run_benchmark(config, on_result=lambda name, _: progress.advance(tasks[name]))
     _print_report(report, console)
@@ -186,7 +217,8 @@ def _plot_report(report: BenchReport, path: Path) -> Path:
     title = (
         f"{config.engines} simulated engines, {workload.rollouts:,} rollouts "
         f"({workload.prompts} prompts x {workload.rollouts_per_prompt}), "
-        f"{workload.response_budget:,}-token budget, kv-aware over-commit {config.overcommit:.2f}"
+        f"{workload.response_budget:,}-token budget\nkv-aware: live admission with "
+        f"{config.kv_headroom:.0%} headroom, kv-aware/max: over-commit {config.overcommit:.2f}"
     )
     phases = {name: run.metrics for name, run in report.runs.items()}
     return plot_timelines(phases, path, bound_s=report.bound.bound_s, title=title)

@@ -1,7 +1,8 @@
 """Rollout placement policies: which engine a new rollout goes to, and when.
 
 A rollout is placed once and keeps every turn on that engine (its prefix stays cached there).
-The scheduler keeps the per-engine bookkeeping (``EngineSlot``); a policy only reads it.
+The scheduler keeps the per-engine and per-rollout bookkeeping (``EngineSlot``, ``RolloutState``)
+and tells the policy as a rollout's context changes and when it finishes.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from rstar2_scheduler.engine import Engine
+from rstar2_scheduler.kv_forecast import FootprintForecast
 
 logger = logging.getLogger(__name__)
 
 PolicyName = Literal["static", "least-loaded", "kv-aware"]
 POLICY_NAMES: tuple[PolicyName, ...] = ("static", "least-loaded", "kv-aware")
+Reservation = Literal["live", "max"]
+RESERVATIONS: tuple[Reservation, ...] = ("live", "max")
 
 
 @dataclass(eq=False)
@@ -30,6 +34,17 @@ class EngineSlot:
     reserved_tokens: int = 0
     consecutive_errors: int = 0
     healthy: bool = True
+
+
+@dataclass(eq=False)
+class RolloutState:
+    """A placed rollout, as its engine calls show it to the scheduler."""
+
+    index: int
+    slot: EngineSlot
+    kv_tokens: int
+    context_tokens: int | None = None  # KV tokens of its context; None before its first call
+    generating: bool = False  # a generate call of it is in flight
 
 
 class PlacementError(Exception):
@@ -53,6 +68,17 @@ class Policy(ABC):
 
         Raises ``PlacementError`` when the rollout can never be placed.
         """
+
+    def track(self, rollout: RolloutState, *, context_tokens: int, generating: bool) -> None:
+        """A call of ``rollout`` started or ended; its context is now ``context_tokens``."""
+        rollout.context_tokens = context_tokens
+        rollout.generating = generating
+
+    def admitted(self, rollout: RolloutState) -> None:  # noqa: B027 - optional hook
+        """``rollout`` was placed on ``rollout.slot``."""
+
+    def finished(self, rollout: RolloutState, *, ok: bool) -> None:  # noqa: B027 - optional hook
+        """``rollout`` ended (``ok``: without an error) and left its engine."""
 
     def healthy(self) -> list[EngineSlot]:
         slots = [slot for slot in self.slots if slot.healthy]
@@ -87,8 +113,19 @@ class LeastLoadedPolicy(Policy):
         return min(self.healthy(), key=lambda slot: (slot.active, slot.index))
 
 
-class KVAwarePolicy(Policy):
-    """Admit a rollout only where its KV reservation fits the engine's cache.
+def kv_capacity(slot: EngineSlot, fallback: int | None) -> int:
+    """The engine's live KV capacity, or ``fallback`` where it reports none."""
+    capacity = slot.engine.kv_stats().capacity_tokens or fallback
+    if not capacity:
+        raise PlacementError(
+            f"engine {slot.engine.name!r} reports no KV capacity; the kv-aware policy needs one "
+            "(set capacity_tokens in the scheduler config)"
+        )
+    return capacity
+
+
+class ReservedKVPolicy(Policy):
+    """kv-aware with a fixed reservation per rollout, as the rStar2-Agent release does.
 
     Each rollout reserves ``kv_tokens`` (prompt + maximum response) until it finishes. An engine
     takes a rollout while the sum of its reservations stays within ``overcommit`` times the KV
@@ -110,18 +147,9 @@ class KVAwarePolicy(Policy):
         self.overcommit = overcommit
         self.fallback_capacity = fallback_capacity
 
-    def budget(self, slot: EngineSlot) -> float:
-        capacity = slot.engine.kv_stats().capacity_tokens or self.fallback_capacity
-        if not capacity:
-            raise PlacementError(
-                f"engine {slot.engine.name!r} reports no KV capacity; the kv-aware policy needs "
-                "one (set capacity_tokens in the scheduler config)"
-            )
-        return capacity * self.overcommit
-
     def choose(self, index: int, kv_tokens: int) -> EngineSlot | None:
         slots = self.healthy()
-        budgets = {slot.index: self.budget(slot) for slot in slots}
+        budgets = {s.index: kv_capacity(s, self.fallback_capacity) * self.overcommit for s in slots}
         if all(kv_tokens > budget for budget in budgets.values()):
             raise PlacementError(
                 f"kv_tokens ({kv_tokens}) exceeds every engine's KV budget (capacity x overcommit "
@@ -140,15 +168,170 @@ class KVAwarePolicy(Policy):
         )
 
 
+class _EngineLoad:
+    """What a ``LiveKVPolicy`` tracks of one engine's running rollouts."""
+
+    def __init__(self, bins: int) -> None:
+        self.counts = [0] * bins  # running rollouts per footprint bin
+        self.projection = [0.0] * bins  # their expected KV usage after k bins of progress
+        self.idle_tokens = 0  # context of rollouts between calls: absent from live KV usage
+
+
+class LiveKVPolicy(Policy):
+    """kv-aware sized from each engine's free KV cache, as the rStar2-Agent paper describes.
+
+    An engine takes a new rollout while both hold, with ``headroom`` of its capacity kept free:
+
+    - forecast: the expected peak KV usage of its running rollouts plus the new one stays within
+      capacity. Each rollout's footprint is projected from the context it has reached and the
+      distribution of final footprints learnt online during the phase (``FootprintForecast``),
+      bounded by the largest reservation of the phase.
+    - now: the KV tokens the engine reports in use through ``kv_stats()``, plus the context of
+      its rollouts that sit between calls (waiting on a tool, their cache released), plus the
+      new rollout's prompt, stay within capacity.
+
+    The scheduler re-evaluates waiting rollouts whenever a call or a rollout ends. An engine
+    with none of this phase's rollouts takes one whatever it reports, so a rollout that needs
+    most of the cache still runs; one whose ``kv_tokens`` exceed every engine's capacity fails.
+    Among engines with room, the one with the lowest forecast peak wins.
+    """
+
+    name = "kv-aware"
+
+    def __init__(
+        self,
+        slots: Sequence[EngineSlot],
+        *,
+        headroom: float,
+        fallback_capacity: int | None = None,
+        min_at_risk: int = 32,
+    ) -> None:
+        super().__init__(slots)
+        self.headroom = headroom
+        self.fallback_capacity = fallback_capacity
+        self.min_at_risk = min_at_risk
+        self.prepare([1])  # sized for the phase when the scheduler calls prepare
+
+    def prepare(self, reservations: Sequence[int]) -> None:
+        self.forecast = FootprintForecast(max(reservations), min_at_risk=self.min_at_risk)
+        bins = self.forecast.bins
+        self.loads = {slot.index: _EngineLoad(bins) for slot in self.slots}
+        self.running = [0] * bins
+        self._bin: dict[int, int] = {}
+        self._prompts = self._prompt_total = 0
+        self._changes = 0
+        self._observations = 0
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def admitted(self, rollout: RolloutState) -> None:
+        self._enter(rollout, self.forecast.bin_of(self._typical_prompt(rollout.kv_tokens)))
+
+    def track(self, rollout: RolloutState, *, context_tokens: int, generating: bool) -> None:
+        load = self.loads[rollout.slot.index]
+        if rollout.context_tokens is None:
+            self._prompts += 1
+            self._prompt_total += context_tokens
+        elif not rollout.generating:
+            load.idle_tokens -= rollout.context_tokens
+        super().track(rollout, context_tokens=context_tokens, generating=generating)
+        if not generating:
+            load.idle_tokens += context_tokens
+        self._move(rollout, self.forecast.bin_of(context_tokens))
+
+    def finished(self, rollout: RolloutState, *, ok: bool) -> None:
+        load = self.loads[rollout.slot.index]
+        if rollout.context_tokens is not None and not rollout.generating:
+            load.idle_tokens -= rollout.context_tokens
+        self._move(rollout, None)
+        if ok and rollout.context_tokens is not None:
+            self.forecast.observe(rollout.context_tokens)
+            self._observations += 1
+            self._changed()
+
+    def _typical_prompt(self, kv_tokens: int) -> int:
+        """A rollout's prompt before its first call shows it: the phase's mean so far."""
+        return self._prompt_total // self._prompts if self._prompts else kv_tokens
+
+    def _enter(self, rollout: RolloutState, new: int) -> None:
+        self._bin[rollout.index] = new
+        self._shift(self.loads[rollout.slot.index], new, +1)
+
+    def _move(self, rollout: RolloutState, new: int | None) -> None:
+        old = self._bin.pop(rollout.index)
+        load = self.loads[rollout.slot.index]
+        if new == old:
+            self._bin[rollout.index] = old
+            return
+        self._shift(load, old, -1)
+        if new is not None:
+            self._enter(rollout, new)
+        self._changed()
+
+    def _shift(self, load: _EngineLoad, b: int, sign: int) -> None:
+        load.counts[b] += sign
+        self.running[b] += sign
+        row = self.forecast.rows[b]
+        projection = load.projection
+        for k, value in enumerate(row):
+            projection[k] += sign * value
+
+    def _changed(self) -> None:
+        # Re-estimating costs a pass over every bin and engine: do it once the data has grown
+        # by a small fraction, often early in the phase and rarely later.
+        self._changes += 1
+        if self._changes >= max(1, self._observations // 64):
+            self._changes = 0
+            self.forecast.refresh(self.running)
+            rows = self.forecast.rows
+            for load in self.loads.values():
+                load.projection = [
+                    sum(n * rows[b][k] for b, n in enumerate(load.counts) if n)
+                    for k in range(self.forecast.bins)
+                ]
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def choose(self, index: int, kv_tokens: int) -> EngineSlot | None:
+        slots = self.healthy()
+        capacities = {s.index: kv_capacity(s, self.fallback_capacity) for s in slots}
+        if all(kv_tokens > capacity for capacity in capacities.values()):
+            raise PlacementError(
+                f"kv_tokens ({kv_tokens}) exceeds every engine's KV capacity "
+                f"({max(capacities.values())} tokens at most)"
+            )
+        empty = [s for s in slots if s.active == 0 and kv_tokens <= capacities[s.index]]
+        if empty:
+            return empty[0]
+        prompt = self._typical_prompt(kv_tokens)
+        row = self.forecast.rows[self.forecast.bin_of(prompt)]
+        best: tuple[float, EngineSlot] | None = None
+        for slot in slots:
+            load = self.loads[slot.index]
+            # Tokens generated in turns still running are in the engine's live usage but not
+            # yet in the contexts the forecast starts from; they stay until their rollout ends.
+            unseen = slot.engine.kv_stats().used_tokens + load.idle_tokens - load.projection[0]
+            peak = max(p + r for p, r in zip(load.projection, row, strict=True)) + max(0, unseen)
+            if peak <= (1 - self.headroom) * capacities[slot.index] and (
+                best is None or peak < best[0]
+            ):
+                best = (peak, slot)
+        return None if best is None else best[1]
+
+
 def make_policy(
     name: PolicyName,
     slots: Sequence[EngineSlot],
     *,
+    reservation: Reservation,
     overcommit: float,
+    headroom: float,
     fallback_capacity: int | None,
 ) -> Policy:
     if name == "static":
         return StaticPolicy(slots)
     if name == "least-loaded":
         return LeastLoadedPolicy(slots)
-    return KVAwarePolicy(slots, overcommit=overcommit, fallback_capacity=fallback_capacity)
+    if reservation == "max":
+        return ReservedKVPolicy(slots, overcommit=overcommit, fallback_capacity=fallback_capacity)
+    return LiveKVPolicy(slots, headroom=headroom, fallback_capacity=fallback_capacity)

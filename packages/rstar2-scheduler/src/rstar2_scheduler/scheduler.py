@@ -18,7 +18,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rstar2_scheduler.engine import Engine, GenerationRequest, GenerationResult, KVStats
 from rstar2_scheduler.metrics import EngineActivity, LatencySummary, PhaseMetrics
-from rstar2_scheduler.policies import EngineSlot, PlacementError, PolicyName, make_policy
+from rstar2_scheduler.policies import (
+    EngineSlot,
+    PlacementError,
+    Policy,
+    PolicyName,
+    Reservation,
+    RolloutState,
+    make_policy,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +42,23 @@ class SchedulerConfig(BaseModel):
     max_concurrency: int | None = Field(
         default=None, gt=0, description="Most rollouts in flight over all engines; None: no cap."
     )
+    reservation: Reservation = Field(
+        default="live",
+        description=(
+            "kv-aware admission. 'live': from each engine's KV usage and the rollout footprints "
+            "forecast during the phase; 'max': a fixed prompt + max response per rollout."
+        ),
+    )
     overcommit: float = Field(
         default=1 / 0.7,
         gt=0,
-        description="kv-aware: reservations may add up to this many times the KV capacity.",
+        description="kv-aware 'max': reservations may add up to this many times the KV capacity.",
+    )
+    kv_headroom: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="kv-aware 'live': fraction of each engine's KV capacity admission keeps free.",
     )
     capacity_tokens: int | None = Field(
         default=None, gt=0, description="kv-aware: KV capacity of engines that report none."
@@ -94,13 +115,16 @@ class RolloutPhase(Generic[T]):
 
 
 class _PlacedEngine(Engine):
-    """The view of an engine a rollout gets: it records activity, gaps and engine errors."""
+    """The view of an engine a rollout gets: it records activity, gaps, engine errors, and the
+    rollout's context for the policy."""
 
-    def __init__(self, run: _PhaseRun, slot: EngineSlot) -> None:
-        self.name = slot.engine.name
+    def __init__(self, run: _PhaseRun, rollout: RolloutState) -> None:
+        self.name = rollout.slot.engine.name
         self._run = run
-        self._slot = slot
+        self._rollout = rollout
+        self._slot = rollout.slot
         self._last_end: float | None = None
+        self._calls = 0
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         loop = asyncio.get_running_loop()
@@ -109,8 +133,13 @@ class _PlacedEngine(Engine):
         if self._last_end is not None:
             self._run.gaps.append(now - self._last_end)
         activity.begin(now)
+        policy, rollout = self._run.policy, self._rollout
+        context = len(request.prompt_ids)
+        self._calls += 1
+        policy.track(rollout, context_tokens=context, generating=True)
         try:
             result = await self._slot.engine.generate(request)
+            context += len(result.token_ids)
         except Exception:
             self._run.record_engine_outcome(self._slot, failed=True)
             raise
@@ -118,6 +147,9 @@ class _PlacedEngine(Engine):
             # A cancelled call is the caller's doing: it ends the busy span but is no error.
             self._last_end = loop.time()
             activity.end(self._last_end)
+            self._calls -= 1
+            policy.track(rollout, context_tokens=context, generating=self._calls > 0)
+            self._run.changed.set()  # the engine's cache may have room for a waiting rollout
         self._run.record_engine_outcome(self._slot, failed=result.finish_reason == "error")
         return result
 
@@ -129,9 +161,17 @@ class _PhaseRun:
     """The mutable state of one ``RolloutScheduler.run`` call."""
 
     def __init__(self, scheduler: RolloutScheduler, origin: float) -> None:
-        self.config = scheduler.config
+        self.config = config = scheduler.config
         self.origin = origin
         self.slots = [EngineSlot(i, engine) for i, engine in enumerate(scheduler.engines)]
+        self.policy: Policy = make_policy(
+            config.policy,
+            self.slots,
+            reservation=config.reservation,
+            overcommit=config.overcommit,
+            headroom=config.kv_headroom,
+            fallback_capacity=config.capacity_tokens,
+        )
         self.activity = [EngineActivity(engine, origin) for engine in scheduler.engines]
         self.gaps: list[float] = []
         self.changed = asyncio.Event()
@@ -153,13 +193,15 @@ class _PhaseRun:
         while True:
             for activity in self.activity:
                 activity.sample(loop.time())
+            # Engines that refresh their statistics on their own may have freed cache meanwhile.
+            self.changed.set()
             await asyncio.sleep(self.config.kv_sample_interval_s)
 
 
 class RolloutScheduler:
     """Places rollouts on engines under a policy and runs them with bounded concurrency.
 
-    ``RolloutScheduler(engines, policy="kv-aware", overcommit=1 / 0.7)``: keyword settings are
+    ``RolloutScheduler(engines, policy="kv-aware", reservation="live")``: keyword settings are
     fields of ``SchedulerConfig`` and override ``config``. Engines are started by ``run`` and
     closed by ``close`` (or leaving ``async with``).
     """
@@ -199,12 +241,7 @@ class RolloutScheduler:
         await asyncio.gather(*(engine.start() for engine in self.engines))
         loop = asyncio.get_running_loop()
         state = _PhaseRun(self, loop.time())
-        policy = make_policy(
-            self.config.policy,
-            state.slots,
-            overcommit=self.config.overcommit,
-            fallback_capacity=self.config.capacity_tokens,
-        )
+        policy = state.policy
         if queue:
             policy.prepare([job.kv_tokens for job in queue])
         results: list[JobResult[T] | None] = [None] * len(queue)
@@ -214,12 +251,15 @@ class RolloutScheduler:
             if on_result is not None:
                 on_result(result)
 
-        async def run_one(index: int, job: RolloutJob[T], slot: EngineSlot) -> None:
+        async def run_one(index: int, job: RolloutJob[T], rollout: RolloutState) -> None:
+            slot = rollout.slot
             started = loop.time() - state.origin
             value: T | None = None
             error: str | None = None
+            completed = False
             try:
-                value = await job.run(_PlacedEngine(state, slot))
+                value = await job.run(_PlacedEngine(state, rollout))
+                completed = True
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 logger.warning(
@@ -228,6 +268,7 @@ class RolloutScheduler:
             finally:
                 slot.active -= 1
                 slot.reserved_tokens -= job.kv_tokens
+                policy.finished(rollout, ok=completed)
                 state.in_flight -= 1
                 state.changed.set()
             finish(
@@ -266,7 +307,9 @@ class RolloutScheduler:
                 slot.reserved_tokens += job.kv_tokens
                 state.in_flight += 1
                 state.activity[slot.index].rollouts += 1
-                group.create_task(run_one(index, job, slot), name=f"rollout-{job.key or index}")
+                rollout = RolloutState(index, slot, job.kv_tokens)
+                policy.admitted(rollout)
+                group.create_task(run_one(index, job, rollout), name=f"rollout-{job.key or index}")
             while state.in_flight:
                 state.changed.clear()
                 await state.changed.wait()

@@ -106,11 +106,19 @@ def test_static_split_is_even_and_contiguous() -> None:
     assert len(changes) == 2
 
 
-@pytest.mark.parametrize("policy", ["static", "least-loaded", "kv-aware"])
-def test_every_turn_of_a_rollout_stays_on_its_engine(policy: str) -> None:
+POLICIES = [
+    {"policy": "static"},
+    {"policy": "least-loaded"},
+    {"policy": "kv-aware", "reservation": "live"},
+    {"policy": "kv-aware", "reservation": "max"},
+]
+
+
+@pytest.mark.parametrize("settings", POLICIES, ids=lambda s: "/".join(s.values()))
+def test_every_turn_of_a_rollout_stays_on_its_engine(settings: dict[str, str]) -> None:
     engines = [RecordingEngine(f"e{i}") for i in range(3)]
     jobs = [turns_job(f"j{i}", turns=4) for i in range(12)]
-    results = run_phase(list(engines), jobs, policy=policy)
+    results = run_phase(list(engines), jobs, **settings)
     assert all(error is None for _, error in results)
     served_by: dict[str, set[str]] = defaultdict(set)
     for engine in engines:
@@ -121,7 +129,7 @@ def test_every_turn_of_a_rollout_stays_on_its_engine(policy: str) -> None:
     assert sum(len(e.served) for e in engines) == 12 * 4
 
 
-def test_kv_aware_never_reserves_beyond_capacity_times_overcommit() -> None:
+def test_kv_aware_max_never_reserves_beyond_capacity_times_overcommit() -> None:
     # 4096-token engines with over-commit 1.5 hold 6144 reserved tokens: 6 rollouts of 1000.
     engines = [RecordingEngine(f"e{i}", num_blocks=256, block_size=16) for i in range(2)]
     reserved: Counter[str] = Counter()
@@ -139,20 +147,66 @@ def test_kv_aware_never_reserves_beyond_capacity_times_overcommit() -> None:
         return RolloutJob(run=run, kv_tokens=job.kv_tokens, key=job.key)
 
     jobs = [tracked(turns_job(f"j{i}", turns=2)) for i in range(40)]
-    results = run_phase(list(engines), jobs, policy="kv-aware", overcommit=1.5)
+    results = run_phase(list(engines), jobs, policy="kv-aware", reservation="max", overcommit=1.5)
     assert all(error is None for _, error in results)
     assert dict(peak) == {"e0": 6000, "e1": 6000}  # filled to the budget, never past it
 
 
-def test_kv_aware_rejects_a_rollout_no_engine_can_hold() -> None:
-    engines: list[Engine] = [RecordingEngine("e0", num_blocks=64, block_size=16)]
+@pytest.mark.parametrize("reservation", ["live", "max"])
+def test_kv_aware_rejects_a_rollout_no_engine_can_hold(reservation: str) -> None:
+    engines: list[Engine] = [RecordingEngine("e0", num_blocks=256, block_size=16)]
     jobs = [turns_job("small", 1, kv_tokens=500), turns_job("huge", 1, kv_tokens=5000)]
-    results = run_phase(engines, jobs, policy="kv-aware", overcommit=1.0)
+    results = run_phase(engines, jobs, policy="kv-aware", reservation=reservation, overcommit=1)
     assert results[0] == ("e0", None)
     engine, error = results[1]
     assert engine is None
     assert error is not None
-    assert "kv_tokens (5000) exceeds every engine's KV budget" in error
+    assert "kv_tokens (5000) exceeds every engine's KV" in error
+
+
+def concurrency_tracked(jobs: list[RolloutJob[str]]) -> tuple[list[RolloutJob[str]], list[int]]:
+    """The jobs, and the number of rollouts running as each of them started."""
+    running = 0
+    at_start: list[int] = []
+
+    def tracked(job: RolloutJob[str]) -> RolloutJob[str]:
+        async def run(engine: Engine) -> str:
+            nonlocal running
+            running += 1
+            at_start.append(running)
+            try:
+                return await job.run(engine)
+            finally:
+                running -= 1
+
+        return RolloutJob(run=run, kv_tokens=job.kv_tokens, key=job.key)
+
+    return [tracked(job) for job in jobs], at_start
+
+
+def test_kv_aware_live_learns_footprints_and_admits_as_the_cache_frees() -> None:
+    # A 4,096-token cache, rollouts that may reach 2,000 tokens but use ~70: at first only
+    # one fits the 10% headroom; once enough have finished, the forecast lets several share it
+    # (the unsure tail of a forecast from a few dozen rollouts still counts at 2,000 tokens).
+    engines: list[Engine] = [RecordingEngine("e0", num_blocks=256, block_size=16)]
+    jobs, at_start = concurrency_tracked(
+        [turns_job(f"j{i}", turns=2, kv_tokens=2000) for i in range(120)]
+    )
+    results = run_phase(engines, jobs, policy="kv-aware", reservation="live", kv_headroom=0.1)
+    assert all(error is None for _, error in results)
+    assert at_start[:16] == [1] * 16
+    assert max(at_start) >= 6
+    assert engines[0].kv_stats().preemptions == 0
+
+
+def test_kv_aware_live_runs_a_rollout_that_needs_most_of_the_cache() -> None:
+    engines: list[Engine] = [
+        RecordingEngine("e0", num_blocks=256, output_tokens=LogNormal(median=5000, sigma=0))
+    ]
+    small = [turns_job(f"s{i}", turns=1, kv_tokens=200, max_new=60) for i in range(60)]
+    big = turns_job("big", turns=1, kv_tokens=3600, max_new=3500)
+    results = run_phase(engines, [*small[:40], big, *small[40:]], policy="kv-aware")
+    assert results == [("e0", None)] * 61
 
 
 def test_kv_aware_needs_a_capacity_when_the_engine_reports_none() -> None:

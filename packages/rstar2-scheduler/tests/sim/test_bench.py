@@ -28,7 +28,7 @@ def report() -> BenchReport:
 
 
 def test_every_policy_runs_the_same_work_above_the_bound(report: BenchReport) -> None:
-    assert list(report.runs) == ["static", "least-loaded", "kv-aware"]
+    assert list(report.runs) == ["static", "least-loaded", "kv-aware", "kv-aware/max"]
     decoded = {name: sum(e.decode_tokens for e in run.engines) for name, run in report.runs.items()}
     assert len(set(decoded.values())) == 1  # identical plans, identical output tokens
     for run in report.runs.values():
@@ -75,6 +75,7 @@ def test_cli_prints_the_table_and_writes_plot_and_json(tmp_path: Path) -> None:
             "--kv-tokens", "16384",
             "--policy", "static",
             "--policy", "kv-aware",
+            "--reservation", "max",
             "--plot", str(plot),
             "--json", str(out),
         ],
@@ -86,7 +87,8 @@ def test_cli_prints_the_table_and_writes_plot_and_json(tmp_path: Path) -> None:
     assert "lower bound" in result.output
     assert plot.read_bytes().startswith(b"\x89PNG")
     saved = json.loads(out.read_text())
-    assert set(saved["runs"]) == {"static", "kv-aware"}
+    assert set(saved["runs"]) == {"static", "kv-aware/max"}
+    assert saved["config"]["reservations"] == ["max"]
     assert saved["config"]["engine"]["num_blocks"] == 1024
     # The saved report can be drawn again without rerunning it.
     again = tmp_path / "again.png"

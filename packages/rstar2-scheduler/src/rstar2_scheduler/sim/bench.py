@@ -13,7 +13,7 @@ from functools import partial
 from pydantic import BaseModel, ConfigDict, Field
 
 from rstar2_scheduler.metrics import PhaseMetrics
-from rstar2_scheduler.policies import POLICY_NAMES, PolicyName
+from rstar2_scheduler.policies import POLICY_NAMES, RESERVATIONS, PolicyName, Reservation
 from rstar2_scheduler.scheduler import JobResult, RolloutJob, RolloutScheduler
 from rstar2_scheduler.sim.bounds import LowerBound, lower_bound
 from rstar2_scheduler.sim.clock import run_virtual
@@ -38,13 +38,29 @@ class BenchConfig(BaseModel):
         description="Engine model; its output_tokens is replaced by workload.turn_tokens.",
     )
     policies: tuple[PolicyName, ...] = Field(default=POLICY_NAMES, min_length=1)
-    overcommit: float = Field(default=1 / 0.7, gt=0, description="kv-aware over-commitment.")
+    reservations: tuple[Reservation, ...] = Field(
+        default=RESERVATIONS, min_length=1, description="kv-aware admission modes to run."
+    )
+    overcommit: float = Field(default=1 / 0.7, gt=0, description="kv-aware 'max' over-commit.")
+    kv_headroom: float = Field(
+        default=0.1, ge=0, lt=1, description="kv-aware 'live': KV capacity kept free."
+    )
     max_concurrency: int | None = Field(default=None, gt=0, description="Rollouts in flight.")
     kv_sample_interval_s: float = Field(default=1.0, gt=0)
 
     @property
     def engine_config(self) -> SimEngineConfig:
         return self.engine.model_copy(update={"output_tokens": self.workload.turn_tokens})
+
+    def run_names(self) -> list[tuple[str, PolicyName, Reservation]]:
+        """(run name, policy, kv-aware admission) of every run; 'kv-aware' is the live mode."""
+        runs: list[tuple[str, PolicyName, Reservation]] = []
+        for policy in self.policies:
+            modes = self.reservations if policy == "kv-aware" else RESERVATIONS[:1]
+            for mode in modes:
+                name = policy if policy != "kv-aware" or mode == "live" else f"{policy}/{mode}"
+                runs.append((name, policy, mode))
+        return runs
 
 
 class PolicyRun(BaseModel):
@@ -89,7 +105,7 @@ class BenchReport(BaseModel):
     runs: dict[str, PolicyRun]
 
     def targets(self) -> list[TargetCheck]:
-        """kv-aware against static and against the lower bound (needs those two policies)."""
+        """kv-aware (live) against static and against the lower bound (needs those two runs)."""
         if "kv-aware" not in self.runs or "static" not in self.runs:
             return []
         kv, static = self.runs["kv-aware"].metrics, self.runs["static"].metrics
@@ -121,6 +137,7 @@ class BenchReport(BaseModel):
 async def _run_phase(
     config: BenchConfig,
     policy: PolicyName,
+    reservation: Reservation,
     workload: Workload,
     on_result: Callable[[JobResult[RolloutPlan]], None] | None,
 ) -> PolicyRun:
@@ -136,7 +153,9 @@ async def _run_phase(
     scheduler = RolloutScheduler(
         engines,
         policy=policy,
+        reservation=reservation,
         overcommit=config.overcommit,
+        kv_headroom=config.kv_headroom,
         max_concurrency=config.max_concurrency,
         kv_sample_interval_s=config.kv_sample_interval_s,
     )
@@ -155,17 +174,18 @@ async def _run_phase(
 def run_benchmark(
     config: BenchConfig,
     *,
-    on_result: Callable[[PolicyName, JobResult[RolloutPlan]], None] | None = None,
+    on_result: Callable[[str, JobResult[RolloutPlan]], None] | None = None,
 ) -> BenchReport:
-    """Run every configured policy on the workload; ``on_result`` sees each finished rollout."""
+    """Run every configured policy on the workload; ``on_result`` sees each finished rollout
+    with the name of its run."""
     workload = Workload(config.workload)
     plans = workload.plans
     runs: dict[str, PolicyRun] = {}
-    for policy in config.policies:
-        callback = None if on_result is None else (lambda r, p=policy: on_result(p, r))
+    for name, policy, reservation in config.run_names():
+        callback = None if on_result is None else (lambda r, n=name: on_result(n, r))
         began = time.perf_counter()
-        run = run_virtual(_run_phase(config, policy, workload, callback))
-        runs[policy] = run.model_copy(update={"wall_s": time.perf_counter() - began})
+        run = run_virtual(_run_phase(config, policy, reservation, workload, callback))
+        runs[name] = run.model_copy(update={"wall_s": time.perf_counter() - began})
     return BenchReport(
         config=config,
         response_tokens_mean=sum(p.response_tokens for p in plans) / len(plans),

@@ -1,0 +1,147 @@
+"""kv-aware live admission: the footprint forecast and LiveKVPolicy, driven step by step."""
+
+from __future__ import annotations
+
+import pytest
+
+from rstar2_scheduler import Engine, GenerationRequest, GenerationResult, KVStats
+from rstar2_scheduler.kv_forecast import FootprintForecast
+from rstar2_scheduler.policies import EngineSlot, LiveKVPolicy, RolloutState
+
+CAPACITY = 10_000
+KV_TOKENS = 1000  # every rollout's prompt + max response
+
+
+class GaugeEngine(Engine):
+    """Reports whatever KV usage the test sets; placement never calls it."""
+
+    def __init__(self, name: str, used: int = 0) -> None:
+        self.name = name
+        self.used = used
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        raise AssertionError("the policy never generates")
+
+    def kv_stats(self) -> KVStats:
+        return KVStats(capacity_tokens=CAPACITY, used_tokens=self.used)
+
+
+def live_policy(engines: int = 1, *, headroom: float = 0.1) -> LiveKVPolicy:
+    slots = [EngineSlot(i, GaugeEngine(f"e{i}")) for i in range(engines)]
+    policy = LiveKVPolicy(slots, headroom=headroom)
+    policy.prepare([KV_TOKENS])
+    return policy
+
+
+def place(policy: LiveKVPolicy, index: int, *, prompt: int = 100) -> RolloutState | None:
+    """What the scheduler does: choose, count the rollout in, then its first call starts."""
+    slot = policy.choose(index, KV_TOKENS)
+    if slot is None:
+        return None
+    slot.active += 1
+    rollout = RolloutState(index, slot, KV_TOKENS)
+    policy.admitted(rollout)
+    policy.track(rollout, context_tokens=prompt, generating=True)
+    return rollout
+
+
+def finish(policy: LiveKVPolicy, rollout: RolloutState, footprint: int) -> None:
+    policy.track(rollout, context_tokens=footprint, generating=False)
+    rollout.slot.active -= 1
+    policy.finished(rollout, ok=True)
+
+
+def fill(policy: LiveKVPolicy, start: int = 0) -> list[RolloutState]:
+    placed: list[RolloutState] = []
+    while (rollout := place(policy, start + len(placed))) is not None:
+        placed.append(rollout)
+    return placed
+
+
+def test_with_no_footprints_seen_each_rollout_counts_its_whole_reservation() -> None:
+    policy = live_policy(headroom=0.1)
+    # 10% of 10,000 tokens stays free: 9 rollouts that may each reach 1,000 tokens.
+    assert len(fill(policy)) == 9
+
+
+def test_admission_keeps_the_live_usage_within_capacity_minus_headroom() -> None:
+    policy = live_policy(headroom=0.1)
+    (first,) = fill(policy)[:1]
+    engine = first.slot.engine
+    assert isinstance(engine, GaugeEngine)
+    assert fill(policy, 100) == []  # nothing fits beside the 9
+    # Its rollouts' turns now hold 8,500 tokens more than their prompts: nothing more fits.
+    finish(policy, first, 120)
+    engine.used = 8 * 100 + 8_500
+    assert place(policy, 200) is None
+    # The turns end and release their cache: the freed room is handed out again.
+    engine.used = 8 * 100
+    assert place(policy, 201) is not None
+
+
+def test_learnt_footprints_let_more_rollouts_in_and_never_past_the_forecast() -> None:
+    policy = live_policy(headroom=0.1)
+    for index in range(200):
+        rollout = place(policy, index)
+        assert rollout is not None
+        finish(policy, rollout, footprint=300)  # rollouts turn out to use 300 of their 1,000
+    placed = fill(policy, 1000)
+    assert 20 <= len(placed) <= 9_000 // 300
+    load = policy.loads[0]
+    assert max(load.projection) <= 0.9 * CAPACITY
+
+
+def test_an_engine_with_none_of_the_phase_rollouts_takes_one_whatever_it_reports() -> None:
+    policy = live_policy()
+    engine = policy.slots[0].engine
+    assert isinstance(engine, GaugeEngine)
+    engine.used = CAPACITY  # another tenant fills it: no deadlock, the rollout still runs
+    assert place(policy, 0) is not None
+    assert place(policy, 1) is None
+
+
+def test_new_rollouts_go_to_the_engine_with_the_lowest_forecast_peak() -> None:
+    policy = live_policy(engines=2)
+    placed = fill(policy)
+    assert [r.slot.index for r in placed[:4]] == [0, 1, 0, 1]
+    assert sum(r.slot.index for r in placed) == len(placed) // 2  # 9 on each
+
+
+def test_bookkeeping_returns_to_zero_when_every_rollout_has_finished() -> None:
+    policy = live_policy(engines=2)
+    placed = fill(policy)
+    for rollout in placed:  # a tool call, a second turn, then the end
+        policy.track(rollout, context_tokens=400, generating=False)
+        policy.track(rollout, context_tokens=480, generating=True)
+        finish(policy, rollout, 700)
+    for load in policy.loads.values():
+        assert load.idle_tokens == 0
+        assert load.counts == [0] * policy.forecast.bins
+        assert max(map(abs, load.projection)) == pytest.approx(0.0, abs=1e-6)
+    assert sum(policy.forecast.finished) == len(placed)
+
+
+def test_running_rollouts_count_as_censored_so_early_finishes_do_not_fool_the_forecast() -> None:
+    forecast = FootprintForecast(8192, bins=64, min_at_risk=8)
+    for _ in range(40):
+        forecast.observe(500)  # the short rollouts finish first
+    running = [0] * forecast.bins
+    running[forecast.bin_of(3000)] = 100  # the others are still going, already past 3,000
+    survival = forecast.survival(running)
+    assert survival[forecast.bin_of(3000)] == pytest.approx(100 / 140)
+    # Without them, all rollouts would look like they end by 500 tokens.
+    assert forecast.survival([0] * forecast.bins)[forecast.bin_of(3000)] == 0.0
+
+
+def test_unsupported_tail_of_the_forecast_goes_to_the_largest_footprint() -> None:
+    forecast = FootprintForecast(8192, bins=64, min_at_risk=32)
+    for _ in range(100):
+        forecast.observe(200)
+    for _ in range(10):
+        forecast.observe(4000)  # too few past 200 to trust: they may reach the top
+    forecast.refresh([0] * forecast.bins)
+    survival = forecast.survival([0] * forecast.bins)
+    assert survival[-1] == pytest.approx(10 / 110)
+    # A rollout seen at 1,000 tokens is expected to run on to the top (bins count from centres).
+    row = forecast.rows[forecast.bin_of(1000)]
+    assert max(row) == pytest.approx(8192 - forecast.width / 2)
