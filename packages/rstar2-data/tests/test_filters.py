@@ -118,7 +118,7 @@ def test_graded_samples_file_errors_name_the_record(tmp_path: Path) -> None:
     path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "sample_index": 1}) + "\n")
     assert load_tallies([path])["p"].total == 2
     path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "correct": "maybe"}) + "\n")
-    with pytest.raises(DataFileError, match="record 2: correct"):
+    with pytest.raises(DataFileError, match=r"graded\.jsonl:2: correct"):
         load_tallies([path])
     path.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n")
     with pytest.raises(DataFileError, match="sample 0 of p repeats"):

@@ -6,6 +6,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,11 +16,17 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class DataFileError(ValueError):
-    """A data file that cannot be read; the message names the file and line."""
+    """A data file that cannot be read; the message names the file and, where known, the line."""
+
+    def __init__(self, path: Path | str, reason: str, *, line: int | None = None) -> None:
+        self.path = str(path)
+        self.reason = reason
+        self.line = line
+        super().__init__(f"{path}:{line}: {reason}" if line is not None else f"{path}: {reason}")
 
 
-def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a JSONL file, one per non-blank line."""
+def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for each non-blank line of a JSONL file."""
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -27,16 +34,24 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             try:
                 value = json.loads(line)
             except json.JSONDecodeError as error:
-                raise DataFileError(f"{path}:{number}: invalid JSON: {error.msg}") from error
+                raise DataFileError(path, f"invalid JSON: {error.msg}", line=number) from None
             if not isinstance(value, dict):
-                raise DataFileError(f"{path}:{number}: expected a JSON object per line")
-            yield value
+                raise DataFileError(
+                    path, f"expected a JSON object, got {type(value).__name__}", line=number
+                )
+            yield number, value
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSONL file, one per non-blank line."""
+    for _, value in iter_jsonl_lines(path):
+        yield value
 
 
 def read_models(path: Path, model: type[ModelT]) -> list[ModelT]:
     """Every line of a JSONL file validated as ``model``; errors name the line and field."""
     rows = []
-    for number, value in enumerate(iter_jsonl(path), start=1):
+    for number, value in iter_jsonl_lines(path):
         try:
             rows.append(model.model_validate(value))
         except ValidationError as error:
@@ -44,21 +59,35 @@ def read_models(path: Path, model: type[ModelT]) -> list[ModelT]:
                 f"{'.'.join(str(p) for p in e['loc']) or '<row>'}: {e['msg']}"
                 for e in error.errors()
             )
-            raise DataFileError(f"{path}: record {number}: {problems}") from error
+            raise DataFileError(path, problems, line=number) from error
     return rows
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file and ``os.replace``."""
+@contextmanager
+def atomic_output(path: Path) -> Iterator[Path]:
+    """A temporary path next to ``path`` that replaces ``path`` when the block succeeds.
+
+    Readers never see a half-written file, and a failed write leaves the old one in place.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+        yield Path(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    finally:
         Path(tmp).unlink(missing_ok=True)
-        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_output(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (UTF-8) atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def jsonl_bytes(records: Iterable[dict[str, Any]]) -> bytes:

@@ -24,7 +24,7 @@ def iter_local(path: Path) -> Iterator[dict[str, Any]]:
         for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
             yield from batch.to_pylist()
     else:
-        raise DataFileError(f"{path}: expected a .jsonl, .json or .parquet file")
+        raise DataFileError(path, "expected a .jsonl, .json or .parquet file")
 
 
 def iter_hub(hub_id: str, *, config: str | None, split: str) -> Iterator[dict[str, Any]]:

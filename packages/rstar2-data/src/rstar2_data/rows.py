@@ -68,5 +68,5 @@ def read_rows(path: Path, *, kind: RowKind) -> list[Row]:
         try:
             out.append(model.model_validate(record))
         except ValueError as error:
-            raise DataFileError(f"{path}: row {number}: {error}") from error
+            raise DataFileError(path, f"row {number}: {error}") from error
     return out

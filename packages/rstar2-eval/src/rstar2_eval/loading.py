@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from rstar2_data.answers import normalize_integer
+from rstar2_data.jsonl import DataFileError, iter_jsonl_lines
 from rstar2_data.schemas import AnswerKind, MathProblem
 from rstar2_eval.errors import InputError
 from rstar2_eval.registry import BenchmarkSpec, get_benchmark
@@ -128,21 +128,12 @@ def _collect(
     return problems
 
 
-def read_jsonl_objects(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
+def read_jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` for each non-blank line; InputError on anything but an object."""
-    with path.open(encoding="utf-8") as lines:
-        for number, text in enumerate(lines, start=1):
-            if not text.strip():
-                continue
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise InputError(str(path), f"invalid JSON: {error.msg}", line=number) from None
-            if not isinstance(value, dict):
-                raise InputError(
-                    str(path), f"expected a JSON object, got {type(value).__name__}", line=number
-                )
-            yield number, value
+    try:
+        yield from iter_jsonl_lines(path)
+    except DataFileError as error:
+        raise InputError(str(path), error.reason, line=error.line) from None
 
 
 def load_local(spec: BenchmarkSpec, data_dir: Path) -> list[MathProblem]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rstar2_eval.files import atomic_output
+from rstar2_data.jsonl import atomic_output
 from rstar2_eval.scoring import ScoreReport
 
 

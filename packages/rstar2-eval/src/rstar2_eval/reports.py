@@ -9,13 +9,13 @@ from pathlib import Path
 
 from rich.table import Table
 
-from rstar2_eval.files import write_text_atomic
+from rstar2_data.jsonl import atomic_write_text
 from rstar2_eval.scoring import BenchmarkScore, ProblemScore, ScoredSample, ScoreReport
 
 
 def write_report_json(report: ScoreReport, path: Path) -> None:
     """The full report as indented JSON."""
-    write_text_atomic(path, report.model_dump_json(indent=2) + "\n")
+    atomic_write_text(path, report.model_dump_json(indent=2) + "\n")
 
 
 def write_problems_csv(problems: Sequence[ProblemScore], path: Path) -> None:
@@ -54,13 +54,13 @@ def write_problems_csv(problems: Sequence[ProblemScore], path: Path) -> None:
                 problem.timeouts,
             ]
         )
-    write_text_atomic(path, buffer.getvalue())
+    atomic_write_text(path, buffer.getvalue())
 
 
 def write_graded_samples(samples: Sequence[ScoredSample], path: Path) -> None:
     """``rstar2_data.schemas.GradedSample`` lines, the input of the data filters."""
     lines = (sample.to_graded_sample().model_dump_json() for sample in samples)
-    write_text_atomic(path, "".join(line + "\n" for line in lines))
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
 def _percent(value: float | None) -> str:

@@ -27,14 +27,21 @@ class Tally:
     total: int
 
 
-def tally_samples(samples: Iterable[GradedSample]) -> dict[str, Tally]:
-    """Correct/total per problem id; a repeated (problem_id, sample_index) is an error."""
+def tally_samples(
+    samples: Iterable[GradedSample], *, origin: str = "graded samples"
+) -> dict[str, Tally]:
+    """Correct/total per problem id; a repeated (problem_id, sample_index) is an error.
+
+    ``origin`` names where the samples came from in that error.
+    """
     seen: set[tuple[str, int]] = set()
     counts: dict[str, list[int]] = {}
     for sample in samples:
         key = (sample.problem_id, sample.sample_index)
         if key in seen:
-            raise DataFileError(f"sample {sample.sample_index} of {sample.problem_id} repeats")
+            raise DataFileError(
+                origin, f"sample {sample.sample_index} of {sample.problem_id} repeats"
+            )
         seen.add(key)
         pair = counts.setdefault(sample.problem_id, [0, 0])
         pair[0] += sample.correct
@@ -44,10 +51,11 @@ def tally_samples(samples: Iterable[GradedSample]) -> dict[str, Tally]:
 
 def load_tallies(paths: Iterable[Path]) -> dict[str, Tally]:
     """Tallies from one or more ``GradedSample`` JSONL files."""
+    files = list(paths)
     samples: list[GradedSample] = []
-    for path in paths:
+    for path in files:
         samples.extend(read_models(path, GradedSample))
-    return tally_samples(samples)
+    return tally_samples(samples, origin=", ".join(str(path) for path in files))
 
 
 class _Graded(Filter):
