@@ -21,39 +21,61 @@ def cli() -> None:
     """Isolated, high-throughput execution of untrusted Python: serve it, or benchmark it."""
 
 
-def _preload_list(value: str | None) -> list[str]:
-    if value is None:
-        return default_preload()
-    return [name.strip() for name in value.split(",") if name.strip()]
+# Options shared by `serve` and `worker`: both run fork-servers with the same settings.
+Servers = Annotated[
+    int | None, typer.Option(help="Fork-servers to run (default: one per usable core).")
+]
+Preload = Annotated[
+    str | None,
+    typer.Option(
+        help="Comma-separated modules every fork-server imports up front "
+        "(default: whichever of numpy, sympy, scipy are installed; '' for none)."
+    ),
+]
+Isolate = Annotated[
+    bool,
+    typer.Option(
+        help="Use per-slot uids, network and mount namespaces where the kernel permits "
+        "(/healthz and /v1/info report which are active)."
+    ),
+]
+RedisPrefix = Annotated[
+    str,
+    typer.Option(help="Prefix of the cluster's Redis keys (the same on front ends and workers)."),
+]
+LogLevel = Annotated[str, typer.Option(help="Logging level (DEBUG, INFO, WARNING...).")]
+
+
+def _executor_settings(
+    servers: int | None, slots: int | None, preload: str | None, isolate: bool
+) -> ExecutorSettings:
+    modules = (
+        default_preload()
+        if preload is None
+        else [name.strip() for name in preload.split(",") if name.strip()]
+    )
+    return ExecutorSettings(
+        servers=servers or default_servers(), slots=slots, preload=modules, isolate=isolate
+    )
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s: %(message)s")
 
 
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8080,
-    servers: Annotated[
-        int | None, typer.Option(help="Fork-servers to run (default: one per usable core).")
-    ] = None,
+    servers: Servers = None,
     slots: Annotated[
         int | None,
         typer.Option(
             help="Calls running at once per tier over all fork-servers (default: 4 per server)."
         ),
     ] = None,
-    preload: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated modules every fork-server imports up front "
-            "(default: whichever of numpy, sympy, scipy are installed; '' for none)."
-        ),
-    ] = None,
-    isolate: Annotated[
-        bool,
-        typer.Option(
-            help="Use per-slot uids, network and mount namespaces where the kernel permits "
-            "(/healthz reports which are active)."
-        ),
-    ] = True,
+    preload: Preload = None,
+    isolate: Isolate = True,
     max_queue: Annotated[
         int, typer.Option(help="Calls allowed to wait for a slot; beyond it: 503 + Retry-After.")
     ] = 16384,
@@ -66,12 +88,8 @@ def serve(
             "then belong to the workers. Needs the optional 'cluster' extra."
         ),
     ] = None,
-    redis_prefix: Annotated[
-        str, typer.Option(help="Prefix of the cluster's Redis keys (same on workers).")
-    ] = "rstar2:sandbox",
-    log_level: Annotated[str, typer.Option(help="Logging level (DEBUG, INFO, WARNING...).")] = (
-        "INFO"
-    ),
+    redis_prefix: RedisPrefix = "rstar2:sandbox",
+    log_level: LogLevel = "INFO",
 ) -> None:
     """Run the HTTP service on this machine: native, Code Judge and SandboxFusion APIs."""
     from aiohttp import web
@@ -80,13 +98,8 @@ def serve(
     from rstar2_sandbox.dispatch import Dispatcher, LocalDispatcher
     from rstar2_sandbox.settings import ServerSettings
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
-    executor = ExecutorSettings(
-        servers=servers or default_servers(),
-        slots=slots,
-        preload=_preload_list(preload),
-        isolate=isolate,
-    )
+    _configure_logging(log_level)
+    executor = _executor_settings(servers, slots, preload, isolate)
     settings = ServerSettings(host=host, port=port, max_queue=max_queue, max_batch=max_batch)
     dispatcher: Dispatcher
     if redis is None:
@@ -112,25 +125,10 @@ def worker(
     batch_size: Annotated[
         int, typer.Option(min=1, help="Most calls taken from the queue in one read.")
     ] = 64,
-    servers: Annotated[
-        int | None, typer.Option(help="Fork-servers to run (default: one per usable core).")
-    ] = None,
-    preload: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated modules every fork-server imports up front "
-            "(default: whichever of numpy, sympy, scipy are installed; '' for none)."
-        ),
-    ] = None,
-    isolate: Annotated[
-        bool,
-        typer.Option(
-            help="Use per-slot uids, network and mount namespaces where the kernel permits."
-        ),
-    ] = True,
-    redis_prefix: Annotated[
-        str, typer.Option(help="Prefix of the cluster's Redis keys (same on front ends).")
-    ] = "rstar2:sandbox",
+    servers: Servers = None,
+    preload: Preload = None,
+    isolate: Isolate = True,
+    redis_prefix: RedisPrefix = "rstar2:sandbox",
     lease_s: Annotated[
         float,
         typer.Option(
@@ -152,9 +150,7 @@ def worker(
             help="On SIGTERM, seconds running calls get to finish; the rest go back to the queue.",
         ),
     ] = 30.0,
-    log_level: Annotated[str, typer.Option(help="Logging level (DEBUG, INFO, WARNING...).")] = (
-        "INFO"
-    ),
+    log_level: LogLevel = "INFO",
 ) -> None:
     """Run calls from a cluster's Redis queue on this node's fork-servers.
 
@@ -165,13 +161,8 @@ def worker(
     from rstar2_sandbox.cluster import ClusterSettings
     from rstar2_sandbox.cluster.node import run_worker_node
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
-    executor = ExecutorSettings(
-        servers=servers or default_servers(),
-        slots=slots,
-        preload=_preload_list(preload),
-        isolate=isolate,
-    )
+    _configure_logging(log_level)
+    executor = _executor_settings(servers, slots, preload, isolate)
     cluster = ClusterSettings(
         key_prefix=redis_prefix, lease_s=lease_s, max_deliveries=max_deliveries
     )
