@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rstar2_data.jsonl import atomic_write_text
 from rstar2_scheduler.policies import POLICY_NAMES, RESERVATIONS
 from rstar2_scheduler.sim.bench import BenchConfig, BenchReport, run_benchmark
 from rstar2_scheduler.sim.engine import SimEngineConfig
@@ -203,8 +204,7 @@ def bench(
         report = run_benchmark(config, on_result=lambda name, _: progress.advance(tasks[name]))
     _print_report(report, console)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(report.model_dump_json(indent=1))
+        atomic_write_text(json_out, report.model_dump_json(indent=1))
         console.print(f"report: {json_out}")
     if plot is not None:
         console.print(f"timeline: {_plot_report(report, plot)}")

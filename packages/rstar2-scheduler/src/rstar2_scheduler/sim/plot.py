@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rstar2_data.jsonl import atomic_output
 from rstar2_scheduler.metrics import EngineMetrics, PhaseMetrics
 
 _BINS = 600
@@ -93,7 +94,7 @@ def plot_timelines(
     if title:
         fig.suptitle(title, fontsize=11)
     fig.colorbar(image, ax=axes[:, 0].tolist(), label="KV cache usage", fraction=0.03, pad=0.01)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)
     return path
