@@ -37,6 +37,7 @@ from rstar2_sandbox.executor.syscalls import (
     enable_subreaper,
     expose_python,
     kill_quietly,
+    python_roots,
     set_parent_death_signal,
 )
 from rstar2_sandbox.executor.warmup import warm_up
@@ -493,13 +494,15 @@ def main() -> None:
         "subreaper": enable_subreaper(),
         "rlimits": (True, ""),
     }
+    # Found before any mount can hide them; runs must always be able to import from these.
+    roots = python_roots()
     if isolate:
         features["network_namespace"] = enable_network_namespace()
-        features["private_tmp"] = enable_private_tmp(int(settings["tmp_size_mb"]))
+        features["private_tmp"] = enable_private_tmp(int(settings["tmp_size_mb"]), keep=roots)
     else:
         features["network_namespace"] = features["private_tmp"] = (False, "disabled")
     if drop_uid:
-        exposed = expose_python() if features["private_tmp"][0] else (True, "")
+        exposed = expose_python(roots) if features["private_tmp"][0] else (True, "")
         readable = can_read_python_as(config["slot_uids"][0]) if exposed[0] else exposed
         if not readable[0]:
             # Runs that cannot import are useless: keep the server's uid and say why.

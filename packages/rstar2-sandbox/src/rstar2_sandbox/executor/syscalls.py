@@ -80,22 +80,13 @@ def enable_network_namespace() -> Feature:
     return True, ""
 
 
-def _holds_python(directory: str) -> bool:
-    """Whether hiding ``directory`` would hide the interpreter or importable code."""
-    base = os.path.realpath(directory)
-    for root in (sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path):
-        if root:
-            path = os.path.realpath(root)
-            if path == base or path.startswith(base + os.sep):
-                return True
-    return False
-
-
-def enable_private_tmp(size_mb: int) -> Feature:
+def enable_private_tmp(size_mb: int, keep: list[str]) -> Feature:
     """Hide the shared writable directories behind private, root-owned tmpfs mounts.
 
     Runs this process in a new mount namespace, so the host never sees these mounts; they vanish
-    with the process. ``/tmp`` (mode 0711) then holds the per-run working directories.
+    with the process. ``/tmp`` (mode 0711) then holds the per-run working directories. Directories
+    in ``keep`` (the Python installation, say a virtual environment under ``/tmp``) stay reachable:
+    they are bound back into the tmpfs that covers them.
     """
     try:
         unshare(CLONE_NEWNS)
@@ -106,12 +97,13 @@ def enable_private_tmp(size_mb: int) -> Feature:
     hidden: list[str] = []
     visible: list[str] = []
     for directory in SHARED_WRITABLE_DIRS:
-        if not os.path.isdir(directory) or _holds_python(directory):
+        inside = [root for root in keep if root.startswith(directory + os.sep)]
+        if not os.path.isdir(directory) or directory in keep:
             visible.append(directory)
             continue
         try:
             # 0711: a run may enter its own working directory but cannot create files here.
-            mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size_mb}m,mode=0711")
+            _cover(directory, inside, f"size={size_mb}m,mode=0711")
         except OSError:
             visible.append(directory)
         else:
@@ -139,7 +131,7 @@ def kill_quietly(pid: int, sig: int = signal.SIGKILL, *, group: bool = False) ->
 MS_BIND = 0x1000
 
 
-def _python_roots() -> list[str]:
+def python_roots() -> list[str]:
     """Directories a run must be able to read: the interpreter, its stdlib, every import root."""
     candidates = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     candidates.update(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p))
@@ -158,7 +150,21 @@ def _closed_ancestor(path: str) -> str | None:
     return None
 
 
-def expose_python() -> Feature:
+def _cover(directory: str, keep: list[str], options: str) -> None:
+    """Mount an empty tmpfs over ``directory``, then bind each of ``keep`` (inside it) back."""
+    # Handles taken before the tmpfs hides the originals; binding from them reaches what is below.
+    handles = {root: os.open(root, os.O_PATH | os.O_DIRECTORY) for root in keep}
+    try:
+        mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        for root, handle in handles.items():
+            os.makedirs(root, mode=0o755, exist_ok=True)
+            mount(f"/proc/self/fd/{handle}", root, None, MS_BIND | MS_REC, None)
+    finally:
+        for handle in handles.values():
+            os.close(handle)
+
+
+def expose_python(roots: list[str]) -> Feature:
     """Make the Python installation reachable for unprivileged runs, hiding what surrounds it.
 
     When the interpreter lives under a directory others cannot enter (say ``/root``), a run with
@@ -167,24 +173,16 @@ def expose_python() -> Feature:
     can import, and the rest of the directory (a home with keys, say) stays out of sight.
     """
     plan: dict[str, list[str]] = {}
-    for root in _python_roots():
+    for root in roots:
         closed = _closed_ancestor(root)
         if closed is not None:
             plan.setdefault(closed, []).append(root)
-    exposed: list[str] = []
-    for closed, roots in plan.items():
-        handles = {root: os.open(root, os.O_PATH | os.O_DIRECTORY) for root in roots}
+    for closed, inside in plan.items():
         try:
-            mount("tmpfs", closed, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-            for root, handle in handles.items():
-                os.makedirs(root, mode=0o755, exist_ok=True)
-                mount(f"/proc/self/fd/{handle}", root, None, MS_BIND | MS_REC, None)
-                exposed.append(root)
+            _cover(closed, inside, "size=1m,mode=0755")
         except OSError as exc:
-            return False, f"could not expose {roots} under {closed}: {exc}"
-        finally:
-            for handle in handles.values():
-                os.close(handle)
+            return False, f"could not expose {inside} under {closed}: {exc}"
+    exposed = [root for inside in plan.values() for root in inside]
     return True, f"re-exposed {', '.join(exposed)}" if exposed else ""
 
 
