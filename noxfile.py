@@ -67,26 +67,20 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def wheels(session: nox.Session) -> None:
-    """Build every package as a wheel without workspace sources, then prove the sandbox standalone.
+    """Build every package as a wheel without workspace sources and install them as users would.
 
-    The sandbox wheel goes into a fresh, bare virtual environment (no torch, no workspace) and must
-    import and run from there: the proof that ``pip install rstar2-sandbox`` works on its own.
+    The sandbox wheel goes alone into a fresh, bare virtual environment (no torch, no workspace)
+    and must import, answer ``--help`` and serve from there: the proof that
+    ``pip install rstar2-sandbox`` works on its own. The data, scheduler and eval wheels then go
+    into a second bare environment, with their rstar2 dependencies taken from the built wheels
+    only, and each command-line tool must start.
     """
     shutil.rmtree(DIST, ignore_errors=True)
     session.run("uv", "build", "--all-packages", "--no-sources", "--out-dir", str(DIST))
-    built = sorted(p.name for p in DIST.glob("*.whl"))
-    for package in PACKAGES:
-        prefix = package.replace("-", "_") + "-"
-        if not any(name.startswith(prefix) for name in built):
-            session.error(f"no wheel was built for {package}; built: {built}")
+    wheel = {package: _built_wheel(session, package) for package in PACKAGES}
 
-    bare = Path(session.create_tmp()) / "bare-sandbox"
-    shutil.rmtree(bare, ignore_errors=True)
-    session.run("uv", "venv", "--quiet", str(bare))
-    python = str(bare / "bin" / "python")
-    env = {"VIRTUAL_ENV": str(bare)}
-    (wheel,) = DIST.glob("rstar2_sandbox-*.whl")
-    session.run("uv", "pip", "install", "--python", python, str(wheel), env=env)
+    python, env = _bare_venv(session, "bare-sandbox")
+    session.run("uv", "pip", "install", "--python", python, wheel["rstar2-sandbox"], env=env)
     session.run(
         python,
         "-c",
@@ -96,9 +90,31 @@ def wheels(session: nox.Session) -> None:
         env=env,
         external=True,
     )
-    command = str(bare / "bin" / "rstar2-sandbox")
+    command = str(Path(python).parent / "rstar2-sandbox")
     session.run(command, "--help", env=env, external=True)
     _serve_and_probe(session, command, env)
+
+    with_clis = ["rstar2-data", "rstar2-scheduler", "rstar2-eval"]
+    python, env = _bare_venv(session, "bare-clis")
+    needed = ["rstar2-sandbox", *with_clis]
+    session.run("uv", "pip", "install", "--python", python, *(wheel[p] for p in needed), env=env)
+    for package in with_clis:
+        session.run(str(Path(python).parent / package), "--help", env=env, external=True)
+
+
+def _built_wheel(session: nox.Session, package: str) -> str:
+    wheels = sorted(DIST.glob(package.replace("-", "_") + "-*.whl"))
+    if len(wheels) != 1:
+        session.error(f"expected one wheel of {package} in {DIST}, found {wheels}")
+    return str(wheels[0])
+
+
+def _bare_venv(session: nox.Session, name: str) -> tuple[str, dict[str, str]]:
+    """A new, empty virtual environment in the session's temporary folder."""
+    bare = Path(session.create_tmp()) / name
+    shutil.rmtree(bare, ignore_errors=True)
+    session.run("uv", "venv", "--quiet", str(bare))
+    return str(bare / "bin" / "python"), {"VIRTUAL_ENV": str(bare)}
 
 
 def _serve_and_probe(session: nox.Session, command: str, env: dict[str, str]) -> None:
