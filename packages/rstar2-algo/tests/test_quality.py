@@ -58,6 +58,14 @@ def test_repeated_answers_are_penalised_per_turn() -> None:
     assert quality(tool_calls=1, answer_tags=6, turns=2).format_penalty == 1.0
 
 
+def test_rollout_without_a_turn_gets_neutral_error_ratio_and_full_format_penalty() -> None:
+    # The engine failed the first request: no turn, so no tool call and no answer.
+    q = quality(turns=0, answer_tags=0, truncated=True)
+    assert q.tool_error_ratio == 0.5
+    assert q.format_penalty == 1.0
+    assert q.penalty == pytest.approx(0.5 + 1.0)
+
+
 def test_truncated_flag_does_not_change_the_penalty() -> None:
     base = quality(tool_calls=3, runtime_errors=1, answer_tags=0, turns=4)
     cut = quality(tool_calls=3, runtime_errors=1, answer_tags=0, turns=4, truncated=True)
@@ -69,7 +77,9 @@ def test_truncated_flag_does_not_change_the_penalty() -> None:
     [
         ({"tool_calls": -1}, "tool_calls must be >= 0"),
         ({"answer_tags": -2}, "answer_tags must be >= 0"),
-        ({"turns": 0}, "turns must be >= 1"),
+        ({"turns": -1, "answer_tags": 0}, "turns must be >= 0"),
+        ({"turns": 0}, "answer_tags must be 0 when turns=0, got 1"),
+        ({"turns": 0, "answer_tags": 0, "tool_calls": 1}, "tool_calls must be 0 when turns=0"),
         ({"tool_calls": 2, "runtime_errors": 2, "timeouts": 1}, "must not exceed tool_calls=2"),
         ({"tool_calls": 1.0}, "tool_calls must be an int"),
         ({"timeouts": True}, "timeouts must be an int"),

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 from scripted import FakeSandbox, ScriptedEngine
 from transformers import PreTrainedTokenizerFast
 
+from rstar2_algo import TrajectoryQuality
 from rstar2_data import PYTHON_TOOL_NAME, MathProblem
 from rstar2_sandbox.models import RunRequest, RunResult, RunStatus
 from rstar2_scheduler.engine import GenerationResult
 from rstar2_scheduler.rollout import RolloutConfig, RolloutRunner
+from rstar2_scheduler.trajectory import Trajectory
 
 PROBLEM = MathProblem(
     id="p1", source="test", problem="What is 6 * 7?", answer="42", answer_kind="integer"
@@ -98,16 +101,17 @@ async def test_tool_turn_then_answer_token_by_token(tokenizer: PreTrainedTokeniz
     assert second.tool_call is None
     assert second.text == ANSWER
     assert trajectory.stop_reason == "no_tool_call"
-    assert trajectory.quality.as_dict() == {
-        "tool_calls": 1,
-        "parse_errors": 0,
-        "runtime_errors": 0,
-        "timeouts": 0,
-        "other_errors": 0,
-        "answer_tags": 1,
-        "turns": 2,
-        "truncated": False,
-    }
+    assert trajectory.quality == TrajectoryQuality(
+        tool_calls=1,
+        parse_errors=0,
+        runtime_errors=0,
+        timeouts=0,
+        other_errors=0,
+        answer_tags=1,
+        turns=2,
+        truncated=False,
+    )
+    assert trajectory.quality.penalty == 0.0
     assert trajectory.engine == "scripted"
     assert trajectory.response_text == chat.decode(trajectory.response_ids)
 
@@ -129,12 +133,10 @@ async def test_failed_runs_are_counted_by_kind(
     runner, script, _ = make(tokenizer, FakeSandbox(lambda r: RunResult(status=status)))
     engine = ScriptedEngine([script.turn(tool_call("x")), script.turn(ANSWER)])
     trajectory = await runner.rollout(PROBLEM, engine)
-    quality = trajectory.quality.as_dict()
-    assert quality["tool_calls"] == 1
-    assert quality[field] == 1
-    assert (
-        sum(quality[k] for k in ("parse_errors", "runtime_errors", "timeouts", "other_errors")) == 1
-    )
+    quality = trajectory.quality
+    assert quality.tool_calls == 1
+    assert getattr(quality, field) == 1
+    assert quality.failed_tool_calls == 1
     assert trajectory.turns[0].sandbox_status is status
 
 
@@ -247,6 +249,42 @@ async def test_engine_error_ends_the_rollout(tokenizer: PreTrainedTokenizerFast)
     assert trajectory.error == "device lost"
     assert len(trajectory.turns) == 1
     assert trajectory.truncated
+
+
+@pytest.mark.asyncio
+async def test_engine_failing_the_first_request_gives_a_zero_turn_trajectory(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    runner, _, sandbox = make(tokenizer)
+    engine = ScriptedEngine([GenerationResult.failed("x", "device lost")])
+    trajectory = await runner.rollout(PROBLEM, engine)
+    assert trajectory.stop_reason == "engine_error"
+    assert (trajectory.turns, trajectory.response_ids, sandbox.requests) == ([], [], [])
+    assert trajectory.quality.turns == 0
+    assert trajectory.truncated
+    # No tool call and no answer: the neutral error ratio plus the full format penalty.
+    assert trajectory.quality.penalty == pytest.approx(0.5 + 1.0)
+    assert Trajectory.model_validate_json(trajectory.model_dump_json()) == trajectory
+
+
+@pytest.mark.asyncio
+async def test_trajectory_round_trips_through_json(tokenizer: PreTrainedTokenizerFast) -> None:
+    runner, script, _ = make(
+        tokenizer, FakeSandbox(lambda r: RunResult(status=RunStatus.RUNTIME_ERROR))
+    )
+    engine = ScriptedEngine([script.turn(tool_call("1 / 0")), script.turn(ANSWER)])
+    trajectory = await runner.rollout(PROBLEM, engine)
+    data = trajectory.model_dump_json()
+    again = Trajectory.model_validate_json(data)
+    assert again == trajectory
+    assert type(again.quality) is TrajectoryQuality
+    assert again.quality.runtime_errors == 1
+    assert again.truncated is False
+    # The record's own checks run on the way in, as for any other field.
+    tampered = json.loads(data)
+    tampered["quality"]["parse_errors"] = 2
+    with pytest.raises(ValidationError, match="must not exceed tool_calls=1"):
+        Trajectory.model_validate(tampered)
 
 
 @pytest.mark.asyncio

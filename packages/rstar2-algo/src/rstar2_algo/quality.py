@@ -14,9 +14,11 @@ class TrajectoryQuality:
 
     Failed tool calls are split by kind; a tool call that did not parse counts as a call with a
     parse error. ``answer_tags`` is the number of ``<answer>`` tags in the response; ``turns`` the
-    number of assistant turns. ``truncated`` marks a rollout cut by the response budget: its
-    reward is 0 upstream, so Resample-on-Correct treats it as a negative like any other; the flag
-    does not change its penalty.
+    number of assistant turns. ``turns`` is 0 when the engine failed the first request: such a
+    rollout generated nothing, so it has no tool call and no ``<answer>`` tag either.
+    ``truncated`` marks a rollout that ended without a final turn (response budget, turn limit,
+    engine failure): its reward is 0 upstream, so Resample-on-Correct treats it as a negative like
+    any other; the flag does not change its penalty.
     """
 
     tool_calls: int
@@ -39,8 +41,12 @@ class TrajectoryQuality:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if not isinstance(self.truncated, bool):
             raise ValueError(f"truncated must be a bool, got {type(self.truncated).__name__}")
-        if self.turns < 1:
-            raise ValueError(f"turns must be >= 1, got {self.turns}")
+        if self.turns == 0:
+            # Nothing was generated. answer_tags == 0 also keeps format_penalty off its division
+            # by turns.
+            for name, count in (("tool_calls", self.tool_calls), ("answer_tags", self.answer_tags)):
+                if count != 0:
+                    raise ValueError(f"{name} must be 0 when turns=0, got {count}")
         if self.failed_tool_calls > self.tool_calls:
             raise ValueError(
                 f"failed tool calls (parse_errors + runtime_errors + timeouts + other_errors = "

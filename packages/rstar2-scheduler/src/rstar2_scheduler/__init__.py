@@ -5,6 +5,8 @@ Agent protocol, multi-turn tool rollouts, inference engines and KV-cache-aware l
 
 from importlib.metadata import version
 
+# Trajectories carry rstar2-algo's record; it stays importable from here too.
+from rstar2_algo import TrajectoryQuality
 from rstar2_scheduler.engine import (
     Engine,
     GenerationRequest,
@@ -41,7 +43,7 @@ from rstar2_scheduler.scheduler import (
     SchedulerConfig,
 )
 from rstar2_scheduler.sim import SimEngine, SimEngineConfig
-from rstar2_scheduler.trajectory import StopReason, Trajectory, TrajectoryQuality, TurnRecord
+from rstar2_scheduler.trajectory import StopReason, Trajectory, TurnRecord
 
 __version__ = version("rstar2-scheduler")
 

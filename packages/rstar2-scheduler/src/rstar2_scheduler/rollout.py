@@ -27,7 +27,7 @@ from rstar2_scheduler.protocol.conversation import Conversation
 from rstar2_scheduler.protocol.prefix import check_prefix_preserving
 from rstar2_scheduler.protocol.tool_calls import ParsedTurn, ToolCall, ToolCallParser
 from rstar2_scheduler.protocol.tool_response import DEFAULT_TOOL_OUTPUT_CHARS, ToolOutputFormatter
-from rstar2_scheduler.trajectory import StopReason, Trajectory, TrajectoryQuality, TurnRecord
+from rstar2_scheduler.trajectory import StopReason, Trajectory, TurnRecord, count_quality
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class RolloutRunner:
             conversation.append_glue(glue)
             turns.append(TurnRecord(**record, tool_response=tool_text, glue_tokens=len(glue.ids)))
 
-        quality = TrajectoryQuality.of(
+        quality = count_quality(
             turns, answer_tags=sum(count_answer_tags(text) for text in texts), stop_reason=stop
         )
         return Trajectory(

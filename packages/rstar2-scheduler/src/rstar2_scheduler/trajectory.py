@@ -6,6 +6,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rstar2_algo import TrajectoryQuality
 from rstar2_sandbox.models import RunStatus
 from rstar2_scheduler.engine import FinishReason
 from rstar2_scheduler.protocol.tool_calls import ToolCall
@@ -48,44 +49,28 @@ class TurnRecord(BaseModel):
     )
 
 
-class TrajectoryQuality(BaseModel):
-    """What Resample-on-Correct reads of a trajectory (field names match rstar2-algo's).
+def count_quality(
+    turns: list[TurnRecord], *, answer_tags: int, stop_reason: StopReason
+) -> TrajectoryQuality:
+    """Count what Resample-on-Correct reads of a trajectory: its tool calls and failures by kind.
 
     A tool call counts when it was answered: executed in the sandbox, or rejected with a parse
     error. A call in the last allowed turn is never answered and is not counted; a call whose
-    response did not fit the budget was answered and counts.
+    response did not fit the budget was answered and counts. Sandbox memory, output-limit and
+    internal failures count as ``other_errors``. Every stop but a final turn (``no_tool_call``,
+    ``end_of_sequence``) is truncated.
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    tool_calls: int = Field(ge=0)
-    parse_errors: int = Field(ge=0)
-    runtime_errors: int = Field(ge=0)
-    timeouts: int = Field(ge=0)
-    other_errors: int = Field(ge=0, description="Memory, output limit, sandbox failures.")
-    answer_tags: int = Field(ge=0, description="<answer> blocks the model opened.")
-    turns: int = Field(ge=0)
-    truncated: bool = Field(description="Ended without a final turn (budget, max turns, error).")
-
-    @classmethod
-    def of(cls, turns: list[TurnRecord], *, answer_tags: int, stop_reason: StopReason) -> Self:
-        """Count a trajectory's tool calls and failures by kind."""
-        statuses = [turn.sandbox_status for turn in turns if turn.executed]
-        parse_errors = sum(turn.answered and turn.parse_error is not None for turn in turns)
-        return cls(
-            tool_calls=sum(turn.answered for turn in turns),
-            parse_errors=parse_errors,
-            runtime_errors=statuses.count(RunStatus.RUNTIME_ERROR),
-            timeouts=statuses.count(RunStatus.TIMEOUT),
-            other_errors=sum(status in _OTHER_FAILURES for status in statuses),
-            answer_tags=answer_tags,
-            turns=len(turns),
-            truncated=stop_reason not in ("no_tool_call", "end_of_sequence"),
-        )
-
-    def as_dict(self) -> dict[str, int | bool]:
-        """Keyword arguments for rstar2-algo's ``TrajectoryQuality``."""
-        return self.model_dump()
+    statuses = [turn.sandbox_status for turn in turns if turn.executed]
+    return TrajectoryQuality(
+        tool_calls=sum(turn.answered for turn in turns),
+        parse_errors=sum(turn.answered and turn.parse_error is not None for turn in turns),
+        runtime_errors=statuses.count(RunStatus.RUNTIME_ERROR),
+        timeouts=statuses.count(RunStatus.TIMEOUT),
+        other_errors=sum(status in _OTHER_FAILURES for status in statuses),
+        answer_tags=answer_tags,
+        turns=len(turns),
+        truncated=stop_reason not in ("no_tool_call", "end_of_sequence"),
+    )
 
 
 class Trajectory(BaseModel):
@@ -107,7 +92,7 @@ class Trajectory(BaseModel):
     turns: list[TurnRecord]
     stop_reason: StopReason
     error: str | None = Field(default=None, description="Engine error, when stop is engine_error.")
-    quality: TrajectoryQuality
+    quality: TrajectoryQuality = Field(description="What Resample-on-Correct reads of it.")
     response_text: str = Field(description="Decoded response, tool responses included.")
 
     @model_validator(mode="after")
