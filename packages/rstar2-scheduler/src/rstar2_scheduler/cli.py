@@ -151,6 +151,16 @@ def bench(
     max_concurrency: Annotated[
         int | None, typer.Option(min=1, help="Most rollouts in flight; default: no cap.")
     ] = None,
+    lockstep_baseline: Annotated[
+        bool,
+        typer.Option(
+            help=(
+                "With static among the policies, also run 'static/lockstep', the paper's "
+                "baseline: the static split with each engine's rollouts generating every turn "
+                "together and running its tool calls only once all of them have finished it."
+            )
+        ),
+    ] = True,
     seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 0,
     plot: Annotated[
         Path | None, typer.Option(help="Write a PNG timeline of engine utilization here.")
@@ -186,6 +196,7 @@ def bench(
         overcommit=overcommit,
         kv_headroom=kv_headroom,
         max_concurrency=max_concurrency,
+        lockstep_baseline=lockstep_baseline,
     )
     console = Console()
     if not console.is_terminal:
@@ -199,7 +210,7 @@ def bench(
     ) as progress:
         tasks = {
             name: progress.add_task(name, total=config.workload.rollouts)
-            for name, _, _ in config.run_names()
+            for name, *_ in config.runs()
         }
         report = run_benchmark(config, on_result=lambda name, _: progress.advance(tasks[name]))
     _print_report(report, console)

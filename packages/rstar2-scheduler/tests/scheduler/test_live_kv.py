@@ -145,3 +145,24 @@ def test_unsupported_tail_of_the_forecast_goes_to_the_largest_footprint() -> Non
     # A rollout seen at 1,000 tokens is expected to run on to the top (bins count from centres).
     row = forecast.rows[forecast.bin_of(1000)]
     assert max(row) == pytest.approx(8192 - forecast.width / 2)
+
+
+def test_the_support_a_bin_needs_grows_with_the_rollouts_in_flight() -> None:
+    forecast = FootprintForecast(8192, bins=64, min_at_risk=8, min_at_risk_fraction=0.1)
+    for _ in range(100):
+        forecast.observe(200)
+    for _ in range(20):
+        forecast.observe(4000)
+    few, many = [0] * forecast.bins, [0] * forecast.bins
+    few[forecast.bin_of(100)] = 50  # 50 in flight: 8 at risk suffice, the 20 long ones count
+    many[forecast.bin_of(100)] = 1000  # 1,000 in flight: a bin needs 100 at risk
+    late = forecast.bin_of(6000)
+    assert forecast.survival(few)[late] == 0.0  # trusted: nobody went past 4,000
+    # Past 200 only the 20 long rollouts are at risk, too few for 1,000 in flight: the estimate
+    # stops there (20 of the 120 finished ones got past 200) and lets them run on to the top.
+    assert forecast.survival(many)[late] == pytest.approx(20 / 120)
+
+
+def test_the_support_fraction_must_be_a_fraction() -> None:
+    with pytest.raises(ValueError, match="min_at_risk_fraction"):
+        FootprintForecast(8192, min_at_risk_fraction=1.5)

@@ -28,17 +28,37 @@ def report() -> BenchReport:
 
 
 def test_every_policy_runs_the_same_work_above_the_bound(report: BenchReport) -> None:
-    assert list(report.runs) == ["static", "least-loaded", "kv-aware", "kv-aware/max"]
+    assert list(report.runs) == [
+        "static",
+        "static/lockstep",
+        "least-loaded",
+        "kv-aware",
+        "kv-aware/max",
+    ]
     decoded = {name: sum(e.decode_tokens for e in run.engines) for name, run in report.runs.items()}
     assert len(set(decoded.values())) == 1  # identical plans, identical output tokens
-    for run in report.runs.values():
+    for name, run in report.runs.items():
         metrics = run.metrics
         assert metrics.rollouts == WORKLOAD.rollouts
         assert metrics.failed == 0
         assert metrics.makespan_s >= report.bound.bound_s
         assert metrics.balanced_s <= metrics.makespan_s
-        assert metrics.tool_latency.mean_s == pytest.approx(WORKLOAD.tool_latency_s.mean, rel=0.25)
+        if name != "static/lockstep":  # there rollouts also wait for each other between turns
+            assert metrics.tool_latency.mean_s == pytest.approx(
+                WORKLOAD.tool_latency_s.mean, rel=0.25
+            )
         assert metrics.preemptions == sum(e.preemptions for e in run.engines)
+
+
+def test_lockstep_baseline_waits_for_the_slowest_turn(report: BenchReport) -> None:
+    static, lockstep = report.runs["static"], report.runs["static/lockstep"]
+    # Same placement; lockstep rollouts sit out the rest of their engine's turn before calling
+    # the tool, so the gap between turns grows far beyond the tool latency and the phase slows.
+    assert [e.rollouts for e in lockstep.metrics.engines] == [
+        e.rollouts for e in static.metrics.engines
+    ]
+    assert lockstep.metrics.tool_latency.mean_s > 3 * static.metrics.tool_latency.mean_s
+    assert lockstep.metrics.makespan_s > static.metrics.makespan_s
 
 
 def test_kv_aware_keeps_prefixes_that_a_static_split_evicts(report: BenchReport) -> None:
@@ -50,6 +70,8 @@ def test_kv_aware_keeps_prefixes_that_a_static_split_evicts(report: BenchReport)
     assert set(checks) == {
         "idle time cut vs static",
         "rollout-phase speed-up vs static",
+        "idle time cut vs static/lockstep",
+        "rollout-phase speed-up vs static/lockstep",
         "makespan above lower bound",
     }
     speedup = checks["rollout-phase speed-up vs static"]
@@ -76,6 +98,7 @@ def test_cli_prints_the_table_and_writes_plot_and_json(tmp_path: Path) -> None:
             "--policy", "static",
             "--policy", "kv-aware",
             "--reservation", "max",
+            "--no-lockstep-baseline",
             "--plot", str(plot),
             "--json", str(out),
         ],

@@ -81,6 +81,28 @@ def test_lower_bound_terms() -> None:
     assert four.bound_s == max(four.balanced_s, four.critical_path_s)
 
 
+def test_a_small_kv_cache_raises_the_bound_by_the_steps_it_forces() -> None:
+    workload = Workload(SMALL)
+    roomy = SimEngineConfig(output_tokens=SMALL.turn_tokens)
+    turns = [t for p in workload.plans for t in p.turns]
+    decoded = sum(t.output_tokens for t in turns)
+    held = sum(
+        t.output_tokens * t.context_tokens + t.output_tokens * (t.output_tokens - 1) // 2
+        for t in turns
+    )
+    # A cache that holds far fewer contexts than max_num_seqs forces more, smaller steps.
+    tight = roomy.model_copy(update={"num_blocks": 512})
+    extra_steps = held / tight.capacity_tokens - decoded / roomy.max_num_seqs
+    assert extra_steps > 0
+    gained = (
+        lower_bound(workload.plans, tight, 1).work_s - lower_bound(workload.plans, roomy, 1).work_s
+    )
+    assert gained == pytest.approx(extra_steps * roomy.step_overhead_s)
+    report = run_benchmark(BenchConfig(engines=2, workload=SMALL, engine=tight))
+    for run in report.runs.values():
+        assert run.metrics.makespan_s >= report.bound.bound_s
+
+
 @pytest.mark.parametrize("max_turns", [1, 4])
 def test_a_lone_rollout_meets_its_critical_path(max_turns: int) -> None:
     single = SMALL.model_copy(

@@ -11,11 +11,13 @@ from rstar2_scheduler.sim.bounds import LowerBound, lower_bound
 from rstar2_scheduler.sim.clock import VirtualTimeEventLoop, run_virtual
 from rstar2_scheduler.sim.distributions import LogNormal
 from rstar2_scheduler.sim.engine import SimEngine, SimEngineConfig, SimEngineCounters
+from rstar2_scheduler.sim.lockstep import LockstepError, TurnBarrier, engine_barriers
 from rstar2_scheduler.sim.workload import PlannedTurn, RolloutPlan, Workload, WorkloadConfig
 
 __all__ = [
     "BenchConfig",
     "BenchReport",
+    "LockstepError",
     "LogNormal",
     "LowerBound",
     "PlannedTurn",
@@ -25,9 +27,11 @@ __all__ = [
     "SimEngineConfig",
     "SimEngineCounters",
     "TargetCheck",
+    "TurnBarrier",
     "VirtualTimeEventLoop",
     "Workload",
     "WorkloadConfig",
+    "engine_barriers",
     "lower_bound",
     "run_benchmark",
     "run_virtual",

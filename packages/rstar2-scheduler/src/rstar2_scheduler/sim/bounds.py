@@ -4,8 +4,12 @@ No schedule can beat either term of ``max(work / engines, critical path)``:
 
 - work: the engine time the tokens need at the best possible efficiency: every prompt prefilled
   once (the rollouts of a prompt share its cached prefix), every tool response prefilled once,
-  every output token decoded once at its context length, and the fixed cost of a step shared
-  by a full batch of ``max_num_seqs`` sequences. No preemption, no cache miss, no idle engine.
+  every output token decoded once at its context length, and the fewest decode steps that can
+  produce the tokens, each paying the fixed step cost. A step decodes one token for each of at
+  most ``max_num_seqs`` sequences, and those sequences' contexts must fit in the KV cache
+  together; so, summed over all engines, there are at least ``tokens / max_num_seqs`` steps and
+  at least ``(sum of the contexts the tokens are decoded at) / KV capacity`` steps. No
+  preemption, no cache miss, no idle engine.
 - critical path: the longest rollout alone on an engine (batch of one) plus its tool calls.
 """
 
@@ -43,9 +47,9 @@ def _decode_attention_tokens(context: int, output: int) -> int:
 
 
 def lower_bound(plans: Sequence[RolloutPlan], engine: SimEngineConfig, engines: int) -> LowerBound:
-    amortized_step = engine.step_overhead_s / engine.max_num_seqs
     work = 0.0
     longest = 0.0
+    decoded = held = 0  # output tokens, and the KV tokens held while each was decoded
     prompts_seen: set[int] = set()
     for plan in plans:
         alone = plan.prompt_tokens * engine.prefill_s_per_token
@@ -53,15 +57,12 @@ def lower_bound(plans: Sequence[RolloutPlan], engine: SimEngineConfig, engines: 
             prompts_seen.add(plan.prompt_index)
             work += plan.prompt_tokens * engine.prefill_s_per_token
         for turn in plan.turns:
-            attention = engine.attention_s_per_token * _decode_attention_tokens(
-                turn.context_tokens, turn.output_tokens
-            )
+            contexts = _decode_attention_tokens(turn.context_tokens, turn.output_tokens)
+            decoded += turn.output_tokens
+            held += contexts
+            attention = engine.attention_s_per_token * contexts
             tool_prefill = turn.tool_tokens * engine.prefill_s_per_token
-            work += (
-                turn.output_tokens * (engine.decode_s_per_seq + amortized_step)
-                + attention
-                + tool_prefill
-            )
+            work += turn.output_tokens * engine.decode_s_per_seq + attention + tool_prefill
             alone += (
                 turn.output_tokens * (engine.decode_s_per_seq + engine.step_overhead_s)
                 + attention
@@ -69,4 +70,6 @@ def lower_bound(plans: Sequence[RolloutPlan], engine: SimEngineConfig, engines: 
                 + (turn.tool_latency_s or 0.0)
             )
         longest = max(longest, alone)
+    steps = max(decoded / engine.max_num_seqs, held / engine.capacity_tokens)
+    work += steps * engine.step_overhead_s
     return LowerBound(work_s=work, engines=engines, critical_path_s=longest)

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import random
 from array import array
+from collections.abc import Mapping
 from functools import cached_property
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rstar2_scheduler.engine import Engine, GenerationRequest, SamplingParams
 from rstar2_scheduler.sim.distributions import LogNormal
+from rstar2_scheduler.sim.lockstep import TurnBarrier
 
 
 class WorkloadConfig(BaseModel):
@@ -158,8 +160,31 @@ class Workload:
             truncated=truncated,
         )
 
-    async def run_rollout(self, plan: RolloutPlan, engine: Engine) -> RolloutPlan:
-        """Drive ``engine`` through the plan's turns; returns the plan once it has been replayed."""
+    async def run_rollout(
+        self,
+        plan: RolloutPlan,
+        engine: Engine,
+        *,
+        lockstep: Mapping[str, TurnBarrier] | None = None,
+    ) -> RolloutPlan:
+        """Drive ``engine`` through the plan's turns; returns the plan once it has been replayed.
+
+        With ``lockstep`` (a barrier per engine name) the rollout takes its turns together with
+        the other rollouts of its engine: its tool call starts once every one of them has
+        generated the turn, and its next turn once all their tool responses are back.
+        """
+        if lockstep is None:
+            return await self._replay(plan, engine, None)
+        barrier = lockstep[engine.name]
+        barrier.join()
+        try:
+            return await self._replay(plan, engine, barrier)
+        finally:
+            barrier.leave()
+
+    async def _replay(
+        self, plan: RolloutPlan, engine: Engine, barrier: TurnBarrier | None
+    ) -> RolloutPlan:
         ids = self.prompts[plan.prompt_index]
         used = 0
         for number, turn in enumerate(plan.turns):
@@ -184,7 +209,11 @@ class Workload:
             used += turn.output_tokens
             if turn.tool_latency_s is None:
                 break
+            if barrier is not None:
+                await barrier.wait()
             await asyncio.sleep(turn.tool_latency_s)
+            if barrier is not None:
+                await barrier.wait()
             ids += synthetic_ids(turn.seed, turn.tool_tokens)
             used += turn.tool_tokens
         return plan
