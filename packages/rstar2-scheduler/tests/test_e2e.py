@@ -15,13 +15,14 @@ import itertools
 import json
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 import pytest_asyncio
 from forced import ForcedTurnsEngine
+from tiny import Score
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from rstar2_data import PYTHON_TOOL_NAME, MathProblem
@@ -40,7 +41,6 @@ from rstar2_scheduler.trajectory import Trajectory
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
-Score = Callable[[list[int], list[int], float], list[float]]
 TEMPERATURE = 0.9
 CONFIG = RolloutConfig(
     max_turns=4, max_response_tokens=320, temperature=TEMPERATURE, tool_timeout_s=1.0

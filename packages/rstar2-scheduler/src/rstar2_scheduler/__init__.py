@@ -8,11 +8,14 @@ from importlib.metadata import version
 # Trajectories carry rstar2-algo's record; it stays importable from here too.
 from rstar2_algo import TrajectoryQuality
 from rstar2_scheduler.engine import (
+    Capability,
     Engine,
     GenerationRequest,
     GenerationResult,
     KVStats,
+    NamedTensors,
     SamplingParams,
+    UnsupportedOperationError,
 )
 from rstar2_scheduler.engines import (
     OpenAIEngine,
@@ -48,6 +51,7 @@ from rstar2_scheduler.trajectory import StopReason, Trajectory, TurnRecord
 __version__ = version("rstar2-scheduler")
 
 __all__ = [
+    "Capability",
     "ChatConfig",
     "ChatProtocol",
     "Engine",
@@ -57,6 +61,7 @@ __all__ = [
     "JobResult",
     "KVStats",
     "LatencySummary",
+    "NamedTensors",
     "OpenAIEngine",
     "OpenAIEngineConfig",
     "PhaseMetrics",
@@ -79,6 +84,7 @@ __all__ = [
     "TransformersEngine",
     "TransformersEngineConfig",
     "TurnRecord",
+    "UnsupportedOperationError",
     "VLLMEngine",
     "VLLMEngineConfig",
     "__version__",

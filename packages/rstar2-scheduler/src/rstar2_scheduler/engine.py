@@ -7,11 +7,24 @@ implements ``Engine`` and passes the same conformance suite.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Literal, Self
+from collections.abc import Iterable
+from typing import ClassVar, Literal, Self
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+
+Capability = Literal["update_weights", "reset_prefix_cache", "sleep"]
+"""Optional engine operations: receive new weights, forget cached prefixes, sleep and wake up."""
+
+NamedTensors = Iterable[tuple[str, torch.Tensor]]
+"""Weights as ``(parameter name, tensor)`` pairs, e.g. ``model.state_dict().items()``; an
+iterable, so a trainer can stream them in buckets without holding a second copy."""
+
+
+class UnsupportedOperationError(RuntimeError):
+    """The engine cannot do this (e.g. push weights into a remote OpenAI-compatible server)."""
 
 
 class SamplingParams(BaseModel):
@@ -80,9 +93,17 @@ class KVStats(BaseModel):
 
 
 class Engine(ABC):
-    """An inference engine that generates from token ids; safe to call concurrently."""
+    """An inference engine that generates from token ids; safe to call concurrently.
+
+    RL needs more than generation: new weights after each step, a prefix cache reset (cached
+    prefixes were computed with the old weights), and, when training shares the accelerator,
+    ``sleep``/``wake_up`` to free its memory during the update. Engines list what they support
+    in ``capabilities``; the others raise ``UnsupportedOperationError`` saying why.
+    """
 
     name: str
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    unsupported_reason: ClassVar[str] = "this engine does not implement it"
 
     @abstractmethod
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -91,6 +112,37 @@ class Engine(ABC):
     @abstractmethod
     def kv_stats(self) -> KVStats:
         """Current KV-cache and queue statistics."""
+
+    def supports(self, capability: Capability) -> bool:
+        """Whether ``capability`` is implemented (the operation does not raise)."""
+        return capability in self.capabilities
+
+    def _unsupported(self, operation: str) -> UnsupportedOperationError:
+        return UnsupportedOperationError(
+            f"engine {self.name!r} ({type(self).__name__}) cannot {operation}: "
+            f"{self.unsupported_reason}"
+        )
+
+    async def update_weights(self, weights: NamedTensors, *, version: str | None = None) -> None:
+        """Load new policy weights (names as in the model's ``state_dict``), then drop cached
+        prefixes. Call it between rollout phases: requests in flight may see either weights.
+
+        ``version`` labels the weights where the engine records one (e.g. the RL step).
+        """
+        raise self._unsupported("update weights")
+
+    async def reset_prefix_cache(self) -> None:
+        """Forget cached prefixes, which were computed with the previous weights."""
+        raise self._unsupported("reset its prefix cache")
+
+    async def sleep(self, level: int = 1) -> None:
+        """Free accelerator memory for a colocated trainer (level 1 keeps the weights on the
+        host, level 2 discards them: the next ``update_weights`` must bring all of them)."""
+        raise self._unsupported("sleep")
+
+    async def wake_up(self) -> None:
+        """Take back what ``sleep`` freed; generation works again."""
+        raise self._unsupported("wake up")
 
     async def start(self) -> None:  # noqa: B027 - optional hook; most engines need no set-up
         """Load models or open connections; idempotent."""

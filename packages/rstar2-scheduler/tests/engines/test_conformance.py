@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import math
+import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,9 +18,17 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from openai_server import create_app, serve
+from tiny import Score, make_model, make_scorer
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from rstar2_scheduler.engine import Engine, GenerationRequest, GenerationResult, SamplingParams
+from rstar2_scheduler.engine import (
+    Capability,
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    UnsupportedOperationError,
+)
 from rstar2_scheduler.engines import (
     OpenAIEngine,
     OpenAIEngineConfig,
@@ -29,7 +39,6 @@ from rstar2_scheduler.sim import SimEngine, SimEngineConfig
 
 pytestmark = pytest.mark.asyncio
 
-Score = Callable[[list[int], list[int], float], list[float]]
 CAPACITY = 2048  # a multiple of the test server's KV block size
 
 
@@ -46,13 +55,18 @@ class EngineCase:
     vocab_size: int
     capacity_tokens: int
     score: Score | None  # recomputes log-probs when the engine runs a known model
+    # Weights of another model of the same shape, and its scorer: what update_weights must load.
+    new_weights: tuple[list[tuple[str, Any]], Score] | None = None
 
 
 @contextlib.asynccontextmanager
 async def transformers_case(res: Resources) -> AsyncIterator[EngineCase]:
     config = TransformersEngineConfig(kv_budget_tokens=CAPACITY, max_batch_size=4)
-    async with TransformersEngine(res.model, config) as engine:
-        yield EngineCase(engine, len(res.tokenizer), CAPACITY, res.score)
+    # A private copy: weight updates must not leak into the session's shared model.
+    async with TransformersEngine(copy.deepcopy(res.model), config) as engine:
+        other = make_model(len(res.tokenizer), seed=1)
+        new_weights = (list(other.state_dict().items()), make_scorer(other))
+        yield EngineCase(engine, len(res.tokenizer), CAPACITY, res.score, new_weights)
 
 
 @contextlib.asynccontextmanager
@@ -203,3 +217,81 @@ async def test_impossible_request_fails_alone(case: EngineCase) -> None:
     assert result.token_ids == ()
     fine = ask(PROMPT, 4, key="fine", temperature=1.0, seed=3)
     check_shape(await case.engine.generate(fine), fine)
+
+
+async def operations(engine: Engine) -> dict[Capability, list[Any]]:
+    """One call per optional operation, for engines that say they lack it."""
+    return {
+        "update_weights": [engine.update_weights([])],
+        "reset_prefix_cache": [engine.reset_prefix_cache()],
+        "sleep": [engine.sleep(), engine.wake_up()],
+    }
+
+
+async def test_unsupported_operations_say_which_engine_and_why(case: EngineCase) -> None:
+    engine = case.engine
+    for capability, calls in (await operations(engine)).items():
+        for call in calls:
+            if engine.supports(capability):
+                call.close()  # not awaited: the supported paths have their own tests
+                continue
+            with pytest.raises(UnsupportedOperationError, match=repr(engine.name)) as error:
+                await call
+            assert engine.unsupported_reason in str(error.value)
+
+
+async def test_update_weights_switches_the_model(case: EngineCase) -> None:
+    if not case.engine.supports("update_weights"):
+        pytest.skip("this engine takes no weights")
+    request = ask(PROMPT, 8, temperature=1.0, seed=21)
+    await case.engine.generate(request)
+    if case.new_weights is None:  # no model: updating must at least keep generation working
+        await case.engine.update_weights([], version="1")
+        check_shape(await case.engine.generate(request), request)
+        return
+    weights, new_score = case.new_weights
+    await case.engine.update_weights(iter(weights), version="1")
+    after = await case.engine.generate(request)
+    check_shape(after, request)
+    assert list(after.logprobs) == pytest.approx(
+        new_score(PROMPT, list(after.token_ids), 1.0), abs=1e-4
+    )
+
+
+async def test_update_weights_rejects_a_wrong_name_or_shape(case: EngineCase) -> None:
+    if case.new_weights is None or case.score is None:
+        pytest.skip("this engine runs no model whose weights can be named")
+    name, tensor = case.new_weights[0][0]
+    good = case.new_weights[0][1:]
+    with pytest.raises(ValueError, match=re.escape("no weight 'not.a.weight'")):
+        await case.engine.update_weights([*good, ("not.a.weight", tensor)])
+    with pytest.raises(ValueError, match=re.escape(f"{name!r} has shape")):
+        await case.engine.update_weights([*good, (name, tensor.flatten()[:3])])
+    # Nothing was loaded: the engine still runs the original model.
+    request = ask(PROMPT, 6, temperature=1.0, seed=5)
+    result = await case.engine.generate(request)
+    expected = case.score(PROMPT, list(result.token_ids), 1.0)
+    assert list(result.logprobs) == pytest.approx(expected, abs=1e-4)
+
+
+async def test_prefix_cache_reset_keeps_outputs(case: EngineCase) -> None:
+    if not case.engine.supports("reset_prefix_cache"):
+        pytest.skip("this engine has no prefix cache to reset")
+    request = ask(PROMPT * 6, 8, temperature=1.0, seed=31)
+    before = await case.engine.generate(request)
+    await case.engine.reset_prefix_cache()
+    after = await case.engine.generate(request)
+    assert after.token_ids == before.token_ids
+
+
+async def test_sleep_refuses_requests_until_woken(case: EngineCase) -> None:
+    if not case.engine.supports("sleep"):
+        pytest.skip("this engine cannot sleep")
+    request = ask(PROMPT, 6, temperature=1.0, seed=41)
+    before = await case.engine.generate(request)
+    await case.engine.sleep()
+    asleep = await case.engine.generate(request)
+    assert asleep.finish_reason == "error"
+    assert "asleep" in (asleep.error or "")
+    await case.engine.wake_up()
+    assert (await case.engine.generate(request)).token_ids == before.token_ids

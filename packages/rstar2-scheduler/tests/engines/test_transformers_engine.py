@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from tiny import Score
 from transformers import Qwen2ForCausalLM
 
 from rstar2_scheduler.engine import GenerationRequest, KVStats, SamplingParams
 from rstar2_scheduler.engines import TransformersEngine, TransformersEngineConfig
 
 pytestmark = pytest.mark.asyncio
-
-Score = Callable[[list[int], list[int], float], list[float]]
 
 
 def ask(prompt: list[int], n: int, key: str, **sampling: object) -> GenerationRequest:

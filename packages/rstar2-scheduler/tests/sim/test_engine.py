@@ -177,3 +177,25 @@ def test_cancelled_request_frees_its_cache_and_close_aborts_the_rest() -> None:
     assert kept.finish_reason == "abort"
     assert 0 < len(kept.token_ids) < 10_000
     assert engine.kv_stats().used_tokens == 0
+
+
+def test_new_weights_make_cached_prefixes_unfindable() -> None:
+    engine = SimEngine(SimEngineConfig(block_size=16, output_tokens=fixed(4)))
+    prompt = tuple(range(1, 65))  # four full blocks
+
+    async def main() -> list[int]:
+        cached = []
+        async with engine:
+            for update in (False, False, True, False):
+                if update:
+                    await engine.update_weights([], version="1")
+                await engine.generate(request(f"r{len(cached)}", prompt, max_new=4, seed=1))
+                cached.append(engine.counters.cached_tokens)
+        return cached
+
+    # Second request hits the cache; the one after the update recomputes; the next hits again.
+    first, second, after_update, later = run_virtual(main())
+    assert first == 0
+    assert second >= 48  # at least three of the four blocks (the last token is always computed)
+    assert after_update == second
+    assert later == 2 * second

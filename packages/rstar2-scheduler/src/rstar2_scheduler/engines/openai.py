@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -71,6 +71,11 @@ class OpenAIEngine(Engine):
 
     ``tokenizer`` (the served model's) is needed for text prompts; token-id servers need none.
     """
+
+    unsupported_reason: ClassVar[str] = (
+        "a remote OpenAI-compatible server takes no weights or memory commands from a client; "
+        "run the model in-process (VLLMEngine or TransformersEngine) to train it"
+    )
 
     def __init__(
         self, config: OpenAIEngineConfig, tokenizer: PreTrainedTokenizerBase | None = None

@@ -6,6 +6,10 @@ A request is admitted while the sum of admitted reservations (prompt + ``max_new
 the budget, so a running request can always finish and nothing is ever preempted. Requests that
 arrive while a batch decodes join it at the next step: the batch is re-prefilled with them
 (left-padded); finished rows leave the KV cache at once.
+
+For RL the engine takes new weights in place (``update_weights``, between forward steps) and can
+``sleep`` to give its memory to a colocated trainer; nothing is cached across requests, so
+``reset_prefix_cache`` has nothing to forget.
 """
 
 from __future__ import annotations
@@ -17,18 +21,20 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from rstar2_scheduler.engine import (
+    Capability,
     Engine,
     FinishReason,
     GenerationRequest,
     GenerationResult,
     KVStats,
+    NamedTensors,
 )
 from rstar2_scheduler.engines.sampling import sample_next
 
@@ -90,6 +96,10 @@ class TransformersEngine(Engine):
     padded batch may hold more in memory until the next re-prefill).
     """
 
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {"update_weights", "reset_prefix_cache", "sleep"}
+    )
+
     def __init__(self, model: PreTrainedModel, config: TransformersEngineConfig) -> None:
         model.eval()  # type: ignore[no-untyped-call]  # torch's Module.eval is untyped
         self.model = model
@@ -105,6 +115,10 @@ class TransformersEngine(Engine):
         self._attention: torch.Tensor | None = None
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        # Held around every forward step, so weights never change in the middle of one.
+        self._model_lock = asyncio.Lock()
+        self._asleep = False
+        self.weights_version: str | None = None
 
     @classmethod
     def from_pretrained(
@@ -162,6 +176,8 @@ class TransformersEngine(Engine):
         return await row.future
 
     def _reject_reason(self, request: GenerationRequest) -> str | None:
+        if self._asleep:
+            return f"engine {self.name!r} is asleep; call wake_up() first"
         reserved = len(request.prompt_ids) + request.sampling.max_new_tokens
         if reserved > self.config.kv_budget_tokens:
             return (
@@ -204,7 +220,8 @@ class TransformersEngine(Engine):
     async def _step(self, rows: list[_Row], *, prefill: bool) -> None:
         """Generate one token for every running row; finished rows leave the batch."""
         step = self._prefill if prefill else self._decode
-        tokens, logprobs = await asyncio.to_thread(step, rows)
+        async with self._model_lock:
+            tokens, logprobs = await asyncio.to_thread(step, rows)
         keep: list[int] = []
         for index, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs, strict=True)):
             row.tokens.append(token)
@@ -290,3 +307,59 @@ class TransformersEngine(Engine):
             [row.request.sampling.top_p for row in rows],
             [row.generator for row in rows],
         )
+
+    async def update_weights(self, weights: NamedTensors, *, version: str | None = None) -> None:
+        """Copy ``weights`` into the model between forward steps (names as in its
+        ``state_dict``; dtype and device are converted). Running requests continue with the new
+        weights after a re-prefill. A name the model lacks or a wrong shape raises
+        ``ValueError`` before any weight changes."""
+        async with self._model_lock:
+            await asyncio.to_thread(self._load_weights, list(weights))
+            self._reset_batch()  # cached keys and values came from the old weights
+        self.weights_version = version
+
+    def _load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        targets = self.model.state_dict()
+        for name, tensor in weights:
+            target = targets.get(name)
+            if target is None:
+                known = ", ".join(sorted(targets)[:5])
+                raise ValueError(
+                    f"update_weights: the model has no weight {name!r} (it has {known}, ...)"
+                )
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the model's "
+                    f"is {tuple(target.shape)}"
+                )
+        with torch.no_grad():
+            for name, tensor in weights:
+                targets[name].copy_(tensor)
+
+    async def reset_prefix_cache(self) -> None:
+        """Nothing to do: no keys or values outlive the request that computed them."""
+
+    async def sleep(self, level: int = 1) -> None:
+        """Free memory while no request runs: the batch's KV cache, and the weights move to the
+        host when they live on an accelerator. Only level 1 exists here (level 2, discarding
+        the weights, would lose buffers that are not in the ``state_dict``). Requests made
+        while asleep fail at once."""
+        if level != 1:
+            raise ValueError(f"{type(self).__name__} supports sleep level 1 only, got {level}")
+        if self._running or self._pending:
+            raise RuntimeError(
+                f"engine {self.name!r} cannot sleep with {len(self._running)} running and "
+                f"{len(self._pending)} waiting requests"
+            )
+        async with self._model_lock:
+            self._reset_batch()
+            if self._device.type != "cpu":
+                self.model.to(torch.device("cpu"))  # type: ignore[arg-type]
+            self._asleep = True
+
+    async def wake_up(self) -> None:
+        """Move the weights back to the engine's device; generation works again."""
+        async with self._model_lock:
+            if self._asleep and self._device.type != "cpu":
+                self.model.to(self._device)  # type: ignore[arg-type]
+            self._asleep = False

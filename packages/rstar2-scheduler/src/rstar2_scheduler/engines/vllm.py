@@ -5,8 +5,13 @@ Needs the optional extra: ``pip install "rstar2-scheduler[vllm]"``; vLLM is impo
 What has been run: this module is written and type-checked against vLLM 0.32.0's API
 (``AsyncLLM.from_engine_args``, ``generate`` with ``TokensPrompt``, ``StatLoggerBase``,
 ``reset_prefix_cache``, ``sleep``/``wake_up``, the weight-transfer calls), and vLLM 0.32.0 imports
-on a CPU-only machine. What has not: no GPU was available, so no model has been loaded or served
-through this class, and its generation, statistics, weight updates and sleep/wake are untested.
+on a CPU-only machine. What has not: no GPU with vLLM was available, so no model has been loaded
+or served through this class, and its generation, statistics, weight updates and sleep/wake are
+untested.
+
+Weights reach the engine through vLLM's CUDA-IPC weight-transfer backend: the trainer's tensors
+(on a GPU of the same node) are shared by handle in buckets, never written to disk. Engines on
+other nodes need vLLM's NCCL backend, which is driven from the trainer's process group.
 
 Token ids go in and out unchanged. Log-probs are those of the sampled tokens; the engine is
 started with ``logprobs_mode="processed_logprobs"`` so they are temperature-scaled, matching what
@@ -17,16 +22,19 @@ logger: cache usage (``kv_cache_usage``), running and waiting requests, preempti
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rstar2_scheduler.engine import (
+    Capability,
     Engine,
     FinishReason,
     GenerationRequest,
     GenerationResult,
     KVStats,
+    NamedTensors,
     SamplingParams,
 )
 
@@ -58,6 +66,9 @@ class VLLMEngineConfig(BaseModel):
         default_factory=dict,
         description="More AsyncEngineArgs, e.g. gpu_memory_utilization, tensor_parallel_size, "
         "enable_sleep_mode, enable_prefix_caching.",
+    )
+    weight_bucket_mb: int = Field(
+        default=512, gt=0, description="update_weights shares weights in buckets of this size."
     )
 
 
@@ -118,8 +129,21 @@ def vllm_sampling_params(sampling: SamplingParams) -> Any:
     )
 
 
+def _ipc_args(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """What another process needs to open ``tensor``'s CUDA memory (rebuild_cuda_tensor args)."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    args: tuple[Any, ...] = reduce_tensor(tensor)[1]  # type: ignore[no-untyped-call]
+    return args
+
+
 class VLLMEngine(Engine):
-    """Generates with an in-process vLLM ``AsyncLLM``; hooks for RL weight sync and colocation."""
+    """Generates with an in-process vLLM ``AsyncLLM``; takes RL weights and sleeps for colocation
+    (start vLLM with ``enable_sleep_mode`` in ``engine_args`` for ``sleep``)."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {"update_weights", "reset_prefix_cache", "sleep"}
+    )
 
     def __init__(self, config: VLLMEngineConfig) -> None:
         self.config = config
@@ -127,6 +151,7 @@ class VLLMEngine(Engine):
         self._llm: AsyncLLM | None = None
         self._stats = _Statistics()
         self._capacity = 0
+        self._transfer_ready = False
 
     @property
     def llm(self) -> AsyncLLM:
@@ -142,7 +167,11 @@ class VLLMEngine(Engine):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        arguments = {"logprobs_mode": "processed_logprobs", **self.config.engine_args}
+        arguments = {
+            "logprobs_mode": "processed_logprobs",
+            "weight_transfer_config": {"backend": "ipc"},
+            **self.config.engine_args,
+        }
         engine_args = AsyncEngineArgs(model=self.config.model, **arguments)
         self._llm = AsyncLLM.from_engine_args(
             engine_args, stat_loggers=[_stat_logger_factory(self._stats)]
@@ -204,21 +233,50 @@ class VLLMEngine(Engine):
             finish_reason=reason,
         )
 
-    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
-        """Connect vLLM's weight-transfer engine to the trainer (backend-specific ``init_info``)."""
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+    async def update_weights(self, weights: NamedTensors, *, version: str | None = None) -> None:
+        """Share ``weights`` with vLLM's workers by CUDA IPC handle, bucket by bucket, then drop
+        the stale prefix cache. The tensors must be on (or are copied to) this node's GPU."""
+        from vllm.distributed.weight_transfer.base import (
+            WeightTransferInitRequest,
+            WeightTransferUpdateRequest,
+        )
 
-        await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+        if not torch.cuda.is_available():
+            raise self._unsupported("update weights without a CUDA device on this node")
+        llm = self.llm
+        if not self._transfer_ready:
+            request = WeightTransferInitRequest(init_info={"packed": False})
+            await llm.init_weight_transfer_engine(request)
+            self._transfer_ready = True
+        device = torch.cuda.current_device()
+        gpu = str(torch.cuda.get_device_properties(device).uuid)
+        limit = self.config.weight_bucket_mb * 2**20
+        await llm.start_weight_update()
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
 
-    async def update_weights(
-        self, update_info: dict[str, Any], *, version: str | None = None
-    ) -> None:
-        """Load new policy weights sent by the trainer, then drop the stale prefix cache."""
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+        async def flush() -> None:
+            nonlocal bucket, size
+            if not bucket:
+                return
+            torch.cuda.synchronize(device)  # the copies must land before vLLM reads them
+            info = {
+                "names": [name for name, _ in bucket],
+                "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                "shapes": [list(t.shape) for _, t in bucket],
+                "ipc_handles": [{gpu: _ipc_args(tensor)} for _, tensor in bucket],
+            }
+            await llm.update_weights(WeightTransferUpdateRequest(update_info=info))
+            bucket, size = [], 0  # vLLM has copied them: the shared tensors may go
 
-        await self.llm.start_weight_update()
-        await self.llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
-        await self.llm.finish_weight_update(version)
+        for name, tensor in weights:
+            shared = tensor.detach().to(device, non_blocking=True).contiguous()
+            bucket.append((name, shared))
+            size += shared.numel() * shared.element_size()
+            if size >= limit:
+                await flush()
+        await flush()
+        await llm.finish_weight_update(version)
         await self.reset_prefix_cache()
 
     async def reset_prefix_cache(self) -> None:
@@ -230,5 +288,6 @@ class VLLMEngine(Engine):
         await self.llm.sleep(level)
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
-        """Reload what ``sleep`` freed (``tags``: e.g. ["weights"] or ["kv_cache"])."""
+        """Reload what ``sleep`` freed (``tags``: e.g. ["weights"] or ["kv_cache"]; all when
+        None)."""
         await self.llm.wake_up(tags)

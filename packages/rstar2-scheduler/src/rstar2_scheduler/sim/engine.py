@@ -19,15 +19,18 @@ import asyncio
 import logging
 import random
 from array import array
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rstar2_scheduler.engine import (
+    Capability,
     Engine,
     FinishReason,
     GenerationRequest,
     GenerationResult,
     KVStats,
+    NamedTensors,
 )
 from rstar2_scheduler.sim.batching import Batcher, SimSequence
 from rstar2_scheduler.sim.distributions import LogNormal
@@ -139,6 +142,11 @@ def _done(future: asyncio.Future[None]) -> None:
 class SimEngine(Engine):
     """A simulated engine (see the module docstring); run it on a ``VirtualTimeEventLoop``."""
 
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {"update_weights", "reset_prefix_cache"}
+    )
+    unsupported_reason: ClassVar[str] = "a simulated engine holds no weights to move"
+
     def __init__(self, config: SimEngineConfig | None = None, *, name: str = "sim") -> None:
         self.config = config or SimEngineConfig()
         self.name = name
@@ -169,6 +177,13 @@ class SimEngine(Engine):
         for seq in self._batch.clear():
             if not seq.future.done():
                 seq.future.set_result(seq.result("abort"))
+
+    async def update_weights(self, weights: NamedTensors, *, version: str | None = None) -> None:
+        """Simulated: outputs do not depend on weights, but cached prefixes go stale."""
+        await self.reset_prefix_cache()
+
+    async def reset_prefix_cache(self) -> None:
+        self._batch.pool.forget_prefixes()
 
     def kv_stats(self) -> KVStats:
         return KVStats(

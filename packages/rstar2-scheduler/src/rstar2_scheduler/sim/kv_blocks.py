@@ -82,6 +82,12 @@ class BlockPool:
             blocks.append(block)
         return blocks
 
+    def forget_prefixes(self) -> None:
+        """Make every cached prefix unfindable (blocks in use stay allocated to their owners)."""
+        for block in self._by_hash.values():
+            self._hash_of[block] = None
+        self._by_hash.clear()
+
     def release(self, blocks: Sequence[int], hashes: Sequence[int] = ()) -> None:
         """Drop one reference on each block; unreferenced ones join the free queue.
 
