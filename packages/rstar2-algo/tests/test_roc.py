@@ -47,7 +47,7 @@ def groups(draw: st.DrawFn) -> tuple[list[float], list[TrajectoryQuality], int, 
 
 
 @settings(max_examples=150, deadline=None)
-@given(groups(), st.sampled_from(["sample", "topk"]), st.integers(0, 2**31))
+@given(groups(), st.sampled_from(["sample", "topk", "uniform"]), st.integers(0, 2**31))
 def test_keeps_exactly_k_distinct_indices_and_respects_minimums(
     group: tuple[list[float], list[TrajectoryQuality], int, int, int], strategy: str, seed: int
 ) -> None:
@@ -300,3 +300,26 @@ def test_topk_with_distinct_penalties_ignores_the_seed() -> None:
         for s in range(10)
     }
     assert picks == {(0, 1, 2)}
+
+
+def test_uniform_ignores_penalties() -> None:
+    # One clean positive among five that all failed their tool calls: "sample" nearly always
+    # keeps the clean one, "uniform" keeps it as often as any other (1 in 5 for k_pos = 1).
+    rewards = torch.tensor([1.0] * 6 + [0.0] * 6)
+    clean = with_errors(0, 2, 1, turns=3)
+    qualities = [clean] + [with_errors(2, 2, 1, turns=3)] * 5 + [with_errors(0, 2, 1, turns=3)] * 6
+    trials = 2000
+    kept_clean = {"sample": 0, "uniform": 0}
+    generator = torch.Generator().manual_seed(0)
+    for strategy in kept_clean:
+        for _ in range(trials):
+            selection = resample_on_correct(
+                rewards,
+                qualities,
+                2,
+                strategy=strategy,
+                generator=generator,  # type: ignore[arg-type]
+            )
+            kept_clean[strategy] += 0 in selection.kept.tolist()
+    assert kept_clean["uniform"] / trials == pytest.approx(1 / 6, abs=0.03)
+    assert kept_clean["sample"] / trials > 0.5

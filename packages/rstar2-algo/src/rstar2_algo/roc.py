@@ -13,9 +13,10 @@ from rstar2_algo._groups import GroupIds, index_groups, rewards_vector
 from rstar2_algo._rng import Generator, RandomSource, as_generator, uniforms
 from rstar2_algo.quality import TrajectoryQuality
 
-RocStrategy = Literal["sample", "topk"]
+RocStrategy = Literal["sample", "topk", "uniform"]
 """How positives are chosen: sampled without replacement with probability proportional to
-1 / penalty (the paper), or the k lowest penalties (the released code)."""
+1 / penalty (the paper), the k lowest penalties (the released code), or uniformly at random like
+negatives (plain GRPO on the same down-sampled budget: the ablation without RoC's preference)."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ def _take_positives(
     penalties: list[float], count: int, strategy: RocStrategy, source: Generator
 ) -> list[int]:
     """Positions (into ``penalties``) of the positives to keep."""
+    if strategy == "uniform":
+        return _take_uniform(len(penalties), count, source)
     noise = uniforms(len(penalties), source)
     if strategy == "topk":
         # Lowest penalty first; equal penalties in random order so no position is favoured.
@@ -161,8 +164,8 @@ def resample_on_correct(
     :func:`split_quota`; a side with fewer rollouts than its minimum is kept whole). Negatives
     are kept uniformly at random. Positives are kept by ``strategy``: ``"sample"`` draws without
     replacement with probability proportional to ``1 / p_total`` (a zero penalty is taken
-    first), ``"topk"`` keeps the lowest ``p_total``. The same ``generator`` state gives the same
-    selection.
+    first), ``"topk"`` keeps the lowest ``p_total``, ``"uniform"`` ignores the penalty. The same
+    ``generator`` state gives the same selection.
     """
     values = rewards_vector(rewards)
     size = values.shape[0]
