@@ -30,10 +30,13 @@ from rstar2_scheduler.policies import PolicyName
 from rstar2_scheduler.protocol import (
     ChatConfig,
     ChatProtocol,
+    EncodedTranscript,
     TemplateError,
     ToolCallParser,
     ToolOutputFormatter,
+    TranscriptError,
     check_prefix_preserving,
+    encode_transcript,
     install_chat_template,
     user_prompt,
 )
@@ -54,6 +57,7 @@ __all__ = [
     "Capability",
     "ChatConfig",
     "ChatProtocol",
+    "EncodedTranscript",
     "Engine",
     "EngineMetrics",
     "GenerationRequest",
@@ -81,6 +85,7 @@ __all__ = [
     "ToolOutputFormatter",
     "Trajectory",
     "TrajectoryQuality",
+    "TranscriptError",
     "TransformersEngine",
     "TransformersEngineConfig",
     "TurnRecord",
@@ -89,6 +94,7 @@ __all__ = [
     "VLLMEngineConfig",
     "__version__",
     "check_prefix_preserving",
+    "encode_transcript",
     "install_chat_template",
     "user_prompt",
 ]

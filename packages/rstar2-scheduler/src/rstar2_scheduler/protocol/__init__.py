@@ -26,6 +26,11 @@ from rstar2_scheduler.protocol.tool_response import (
     ToolOutputFormatter,
     truncate_middle,
 )
+from rstar2_scheduler.protocol.transcript import (
+    EncodedTranscript,
+    TranscriptError,
+    encode_transcript,
+)
 
 __all__ = [
     "ANSWER_CLOSE",
@@ -44,6 +49,7 @@ __all__ = [
     "ChatConfig",
     "ChatProtocol",
     "Conversation",
+    "EncodedTranscript",
     "Glue",
     "Message",
     "ParsedTurn",
@@ -51,8 +57,10 @@ __all__ = [
     "ToolCall",
     "ToolCallParser",
     "ToolOutputFormatter",
+    "TranscriptError",
     "check_prefix_preserving",
     "count_answer_tags",
+    "encode_transcript",
     "install_chat_template",
     "truncate_middle",
     "user_prompt",

@@ -15,11 +15,11 @@ from rstar2_scheduler.protocol.chat import ChatProtocol, Message, TemplateError
 
 
 class Glue(NamedTuple):
-    """Template glue around one tool response: its ids, its text and the tool message."""
+    """Template glue after a model turn: its ids, its text and the messages it renders."""
 
     ids: list[int]
     text: str
-    message: Message
+    messages: list[Message]
 
 
 class Conversation:
@@ -63,12 +63,18 @@ class Conversation:
     def tool_response_glue(self, tool_text: str) -> Glue:
         """The ids that close the assistant turn, show ``tool_text`` and open the next turn.
 
-        Nothing is appended yet (the caller checks the response budget first). The rendering of
-        the conversation with the tool message must extend the text built so far; when the
-        template rewrites earlier turns instead, this raises ``TemplateError``.
+        Nothing is appended yet (the caller checks the response budget first).
         """
-        message: Message = {"role": "tool", "content": tool_text}
-        rendered = self.chat.render([*self.messages, message], add_generation_prompt=True)
+        return self.glue([{"role": "tool", "content": tool_text}])
+
+    def glue(self, messages: Sequence[Message]) -> Glue:
+        """The ids that close the assistant turn, render ``messages`` (tool responses, a user
+        follow-up) and open the next assistant turn; nothing is appended yet.
+
+        The rendering of the conversation with ``messages`` must extend the text built so far;
+        when the template rewrites earlier turns instead, this raises ``TemplateError``.
+        """
+        rendered = self.chat.render([*self.messages, *messages], add_generation_prompt=True)
         if not rendered.startswith(self.text):
             at = next(
                 (i for i, (a, b) in enumerate(zip(rendered, self.text, strict=False)) if a != b),
@@ -76,16 +82,16 @@ class Conversation:
             )
             raise TemplateError(
                 "the chat template is not prefix-preserving: rendering the conversation with the "
-                f"next tool response changes earlier text at character {at}: rendered "
+                f"next messages changes earlier text at character {at}: rendered "
                 f"{rendered[at : at + 60]!r}, built turn by turn {self.text[at : at + 60]!r}"
             )
         text = rendered[len(self.text) :]
-        return Glue(self.chat.encode(text), text, message)
+        return Glue(self.chat.encode(text), text, list(messages))
 
     def append_glue(self, glue: Glue) -> None:
-        """Append template glue and a tool response (mask 0) made by ``tool_response_glue``."""
+        """Append template glue and the messages it renders (mask 0), made by ``glue``."""
         self.response_ids += glue.ids
         self.loss_mask += [0] * len(glue.ids)
         self.logprobs += [0.0] * len(glue.ids)
         self.text += glue.text
-        self.messages.append(glue.message)
+        self.messages.extend(glue.messages)
