@@ -1,0 +1,160 @@
+"""The trainer's side of the policy: the model, its optimizer and schedule, one update at a time.
+
+The SFT and RL trainers drive an ``Actor`` through a small surface (log-probs of micro-batches,
+an optimizer step over micro-batches with a caller's loss, the weights to publish, state to
+checkpoint), so the data-parallel actor of a multi-GPU run plugs in without changing them.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+from transformers.optimization import (
+    get_constant_schedule_with_warmup,
+    get_cosine_with_min_lr_schedule_with_warmup,
+    get_linear_schedule_with_warmup,
+)
+
+from rstar2_train.batching import MicroBatch, token_logprobs
+from rstar2_train.config.schema import OptimizerConfig, ScheduleConfig
+
+LossFn = Callable[[int, MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+"""``(micro-batch index, micro-batch, its log-probs) -> (loss to backpropagate, metrics)``.
+Losses are normalised by the caller over the whole step, so they are summed here."""
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """One optimizer step."""
+
+    grad_norm: float
+    lr: float
+    skipped: bool
+    """The gradient was not finite: no update was applied."""
+    metrics: dict[str, float]
+    """The loss function's metrics, weighted by each micro-batch's trained tokens."""
+
+
+def make_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on norms and biases)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": config.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=config.lr,
+        betas=config.betas,
+        eps=config.eps,
+    )
+
+
+def make_schedule(
+    optimizer: torch.optim.Optimizer, config: ScheduleConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The learning-rate schedule over ``total_steps`` optimizer steps."""
+    warmup = config.warmup(total_steps)
+    schedule: torch.optim.lr_scheduler.LambdaLR
+    if config.kind == "constant":
+        schedule = get_constant_schedule_with_warmup(optimizer, warmup)
+    elif config.kind == "linear":
+        schedule = get_linear_schedule_with_warmup(  # type: ignore[no-untyped-call]
+            optimizer, warmup, total_steps
+        )
+    else:
+        schedule = get_cosine_with_min_lr_schedule_with_warmup(
+            optimizer, warmup, total_steps, min_lr_rate=config.min_lr_ratio
+        )
+    return schedule
+
+
+class Actor:
+    """A model trained in this process (one device)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        optimizer: OptimizerConfig,
+        schedule: ScheduleConfig,
+        *,
+        total_steps: int,
+    ) -> None:
+        self.model = model
+        self.model.train()
+        self.device = next(model.parameters()).device
+        self.grad_clip = optimizer.grad_clip
+        self.optimizer = make_optimizer(model, optimizer)
+        self.schedule = make_schedule(self.optimizer, schedule, total_steps)
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    @torch.no_grad()
+    def logprobs(self, batches: Sequence[MicroBatch], *, temperature: float) -> list[torch.Tensor]:
+        """Log-probs of each micro-batch's targets under the current weights."""
+        return [token_logprobs(self.model, batch, temperature=temperature) for batch in batches]
+
+    def update(
+        self, batches: Sequence[MicroBatch], loss_fn: LossFn, *, temperature: float = 1.0
+    ) -> UpdateStats:
+        """Backpropagate ``loss_fn`` over every micro-batch, clip, and take one optimizer step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        weight = 0
+        for index, batch in enumerate(batches):
+            logprobs = token_logprobs(self.model, batch, temperature=temperature)
+            loss, metrics = loss_fn(index, batch, logprobs)
+            loss.backward()  # type: ignore[no-untyped-call]  # torch's backward is untyped
+            tokens = batch.tokens
+            weight += tokens
+            for name, value in metrics.items():
+                sums[name] = sums.get(name, 0.0) + value * tokens
+        limit = self.grad_clip if self.grad_clip is not None else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit))
+        lr = self.lr
+        skipped = not math.isfinite(norm)
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+        self.schedule.step()
+        metrics = {name: value / weight for name, value in sums.items()} if weight else {}
+        return UpdateStats(grad_norm=norm, lr=lr, skipped=skipped, metrics=metrics)
+
+    def skip(self) -> None:
+        """A step with nothing to train on: the schedule still advances."""
+        with warnings.catch_warnings():
+            # torch warns when the schedule steps without an optimizer step; here that is meant.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            self.schedule.step()
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights by ``state_dict`` name, for the engines."""
+        yield from self.model.state_dict().items()
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict()}
+
+    def load_optimizer_state(self, state: dict[str, Any], *, resume: bool) -> None:
+        """Restore the optimizer. Resuming this stage also restores the schedule position;
+        continuing from a previous stage keeps only the moments (this stage's hyperparameters
+        and schedule apply)."""
+        if resume:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.schedule.load_state_dict(state["schedule"])
+            return
+        settings = [
+            {key: value for key, value in group.items() if key != "params"}
+            for group in self.optimizer.param_groups
+        ]
+        self.optimizer.load_state_dict(state["optimizer"])
+        for group, own in zip(self.optimizer.param_groups, settings, strict=True):
+            group.update(own)

@@ -1,0 +1,119 @@
+"""The ``rstar2-train`` command line."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import transformers
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from rstar2_train.config.loader import ConfigError, dump_config, load_config, shipped_configs
+from rstar2_train.progress import LogReporter, Reporter, RichReporter
+from rstar2_train.run_dir import RunError
+from rstar2_train.runner import run_stage
+
+app = typer.Typer(
+    help="Train math reasoning models with a Python tool: SFT and GRPO-RoC stages.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+errors = Console(stderr=True)
+
+ConfigArgument = Annotated[
+    str,
+    typer.Argument(
+        help="A shipped config name (see `rstar2-train configs`) or a YAML config file.",
+        show_default=False,
+    ),
+]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        help="Override a key: KEY.PATH=VALUE, VALUE read as YAML (e.g. --set rl.steps=10 "
+        "--set model.path=runs/sft/final). Repeatable; applied after the file and its extends.",
+    ),
+]
+
+
+def _fail(message: str) -> typer.Exit:
+    errors.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(2)
+
+
+@app.command()
+def stage(
+    config: ConfigArgument,
+    overrides: SetOption = None,
+    output: Annotated[
+        str | None,
+        typer.Option(help="Run directory (overrides output_dir from the config)."),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the run in the output directory from its newest checkpoint, with "
+            "the same data order and random state.",
+        ),
+    ] = False,
+    allow_changes: Annotated[
+        bool,
+        typer.Option(
+            "--allow-changes",
+            help="With --resume: accept a config that differs from the run's config.yaml.",
+        ),
+    ] = False,
+    progress: Annotated[
+        bool,
+        typer.Option(help="Show a live progress display (--no-progress: log lines only)."),
+    ] = True,
+    log_level: Annotated[
+        str, typer.Option(help="Logging level: DEBUG, INFO, WARNING, ERROR.")
+    ] = "INFO",
+) -> None:
+    """Run one training stage (SFT or RL) to its end; the final weights go to OUTPUT/final."""
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(message)s",
+        handlers=[RichHandler(console=errors, show_path=False)],
+        force=True,
+    )
+    # transformers' own bars (loading and writing shards) would break the live display.
+    transformers.utils.logging.disable_progress_bar()
+    settings = list(overrides or [])
+    if output is not None:
+        settings.append(f"output_dir={output}")
+    try:
+        resolved = load_config(config, settings)
+    except ConfigError as error:
+        raise _fail(str(error)) from None
+    reporter: Reporter = RichReporter(errors) if progress else LogReporter()
+    try:
+        final = run_stage(resolved, resume=resume, allow_changes=allow_changes, reporter=reporter)
+    except (RunError, ValueError, FileNotFoundError, ImportError) as error:
+        raise _fail(str(error)) from None
+    errors.print(f"[bold green]done:[/] final weights in {final}")
+
+
+@app.command()
+def configs() -> None:
+    """List the shipped configs."""
+    table = Table("name", "description")
+    for name, description in shipped_configs().items():
+        table.add_row(name, description)
+    Console().print(table)
+
+
+@app.command()
+def show(config: ConfigArgument, overrides: SetOption = None) -> None:
+    """Print a config resolved (extends and --set applied, every default spelled out)."""
+    try:
+        resolved = load_config(config, list(overrides or []))
+    except ConfigError as error:
+        raise _fail(str(error)) from None
+    typer.echo(dump_config(resolved), nl=False)

@@ -1,0 +1,373 @@
+"""The stage config: every setting of one SFT or RL stage, validated by pydantic.
+
+Sections reuse the models of the packages that own them (``ChatConfig`` and ``RolloutConfig``
+from rstar2-scheduler, ``GraderConfig`` from rstar2-eval), so a setting means the same thing in
+training, rollouts and evaluation. Paths are taken relative to the working directory.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rstar2_algo import LossAggregation
+from rstar2_eval import GraderConfig
+from rstar2_sandbox.executor.settings import ExecutorSettings
+from rstar2_scheduler import ChatConfig, RolloutConfig, SchedulerConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _exactly_one(section: BaseModel, names: tuple[str, ...], what: str) -> None:
+    given = [name for name in names if getattr(section, name) is not None]
+    if len(given) != 1:
+        options = ", ".join(names)
+        found = ", ".join(given) or "none"
+        raise ValueError(f"{what}: set exactly one of {options} (got {found})")
+
+
+class ModelInit(_Section):
+    """A new model with random weights, built from a transformers config (tiny CPU runs)."""
+
+    architecture: str = Field(
+        default="Qwen3ForCausalLM", description="A transformers model class name."
+    )
+    config: dict[str, Any] = Field(
+        description="Keyword arguments of the architecture's config class; vocab_size is taken "
+        "from the tokenizer."
+    )
+
+
+class ModelConfig(_Section):
+    """Where the policy comes from and how it runs."""
+
+    path: str | None = Field(
+        default=None,
+        description="Hugging Face checkpoint directory or hub id (e.g. a previous stage's "
+        "<output_dir>/final).",
+    )
+    init: ModelInit | None = Field(default=None, description="Or: build a new random model.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="bfloat16", description="Parameter dtype for training and engines."
+    )
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        default="sdpa", description="transformers attention kernel (sdpa runs everywhere)."
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations in the backward pass to save memory."
+    )
+    trust_remote_code: bool = False
+    device: str = Field(
+        default="auto", description="Where the trainer's model lives: cpu, cuda, cuda:1; auto."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        _exactly_one(self, ("path", "init"), "model")
+        return self
+
+
+class TokenizerTraining(_Section):
+    """Train a byte-level BPE tokenizer on the stage's own training data (with ``model.init``)."""
+
+    vocab_size: int = Field(default=1024, gt=300, description="Vocabulary size, specials included.")
+    samples: int | None = Field(
+        default=None, gt=0, description="Train on the first N rows only (None: all)."
+    )
+
+
+class TokenizerConfig(_Section):
+    """Where the tokenizer comes from (default: the model's checkpoint)."""
+
+    path: str | None = Field(default=None, description="Tokenizer directory or hub id.")
+    train: TokenizerTraining | None = Field(default=None, description="Or: train one.")
+
+    @model_validator(mode="after")
+    def _not_both(self) -> Self:
+        if self.path is not None and self.train is not None:
+            raise ValueError("tokenizer: set path or train, not both")
+        return self
+
+
+class DataSource(_Section):
+    """One dataset: an rstar2-data build folder, a recipe built into the run, or a file."""
+
+    build: str | None = Field(default=None, description="rstar2-data build folder.")
+    recipe: str | None = Field(
+        default=None,
+        description="Shipped rstar2-data recipe name or recipe file; built into "
+        "<output_dir>/data/<name> on first use.",
+    )
+    vars: dict[str, str] = Field(default_factory=dict, description="Recipe ${VARIABLES}.")
+    file: str | None = Field(
+        default=None, description="JSONL or Parquet of MathProblem (RL) or ChatExample (SFT) rows."
+    )
+    limit: int | None = Field(default=None, gt=0, description="Use the first N rows only.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        _exactly_one(self, ("build", "recipe", "file"), "data source")
+        if self.vars and self.recipe is None:
+            raise ValueError("data source: vars apply to a recipe only")
+        return self
+
+
+class DataConfig(_Section):
+    """Training data (and SFT validation data)."""
+
+    train: DataSource
+    validation: DataSource | None = Field(
+        default=None, description="SFT: rows for the validation loss."
+    )
+    shuffle: bool = Field(default=True, description="Reshuffle every epoch (seeded).")
+
+
+class OptimizerConfig(_Section):
+    """AdamW."""
+
+    lr: float = Field(gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.01, ge=0)
+    grad_clip: float | None = Field(default=1.0, gt=0, description="Max global grad norm.")
+    load_state: bool = Field(
+        default=False,
+        description="Continue from the optimizer state saved with model.path (a previous "
+        "stage's checkpoint) instead of a fresh one.",
+    )
+
+
+class ScheduleConfig(_Section):
+    """Learning-rate schedule over the stage's optimizer steps."""
+
+    kind: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: int | None = Field(default=None, ge=0)
+    warmup_ratio: float | None = Field(default=None, ge=0, lt=1)
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="Cosine floor / lr.")
+
+    @model_validator(mode="after")
+    def _one_warmup(self) -> Self:
+        if self.warmup_steps is not None and self.warmup_ratio is not None:
+            raise ValueError("schedule: set warmup_steps or warmup_ratio, not both")
+        return self
+
+    def warmup(self, total_steps: int) -> int:
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return round((self.warmup_ratio or 0.0) * total_steps)
+
+
+class CheckpointConfig(_Section):
+    """When checkpoints are written and how many are kept."""
+
+    every_steps: int | None = Field(
+        default=50, gt=0, description="Also at the end; None: only at the end."
+    )
+    keep_last: int = Field(default=2, ge=1, description="Older checkpoints are deleted.")
+
+
+class LoggingConfig(_Section):
+    """Metrics, plots and inspection files."""
+
+    tensorboard: bool = Field(default=False, description="Also write TensorBoard events.")
+    plots: bool = Field(default=True, description="PNG plots of the metrics (plot extra).")
+    sample_rollouts: int = Field(
+        default=4, ge=0, description="RL: rollouts per step written as readable text."
+    )
+
+
+class SFTConfig(_Section):
+    """Supervised fine-tuning on chat transcripts (loss on assistant tokens only)."""
+
+    epochs: float | None = Field(default=None, gt=0, description="Passes over the data.")
+    max_steps: int | None = Field(default=None, gt=0, description="Or: optimizer steps.")
+    batch_size: int = Field(default=128, gt=0, description="Sequences per optimizer step.")
+    micro_batch_tokens: int = Field(
+        default=16384, gt=0, description="Tokens per forward/backward pass (memory bound)."
+    )
+    max_seq_len: int = Field(default=8192, gt=1, description="Longer transcripts are skipped.")
+    packing: bool = Field(
+        default=True,
+        description="Pack sequences into one row per micro-batch (no padding); else pad rows.",
+    )
+    math_prompt: bool = Field(
+        default=False,
+        description="Wrap each transcript's first user message in the RL user prompt, as rollouts "
+        "render problems (for math transcripts such as the demo's).",
+    )
+    tool_output_chars: int | None = Field(
+        default=256,
+        ge=2,
+        description="Tool outputs in transcripts are truncated as rollouts truncate them (keep "
+        "it equal to the RL stages' rl.rollout.tool_output_chars); None: shown whole.",
+    )
+    on_bad_example: Literal["error", "skip"] = Field(
+        default="error",
+        description="A transcript that cannot be encoded or is too long: stop, or skip it (the "
+        "skipped count per reason is logged).",
+    )
+    validation_every: int | None = Field(
+        default=None, gt=0, description="Steps between validation-loss passes (and at the end)."
+    )
+
+    @model_validator(mode="after")
+    def _length(self) -> Self:
+        _exactly_one(self, ("epochs", "max_steps"), "sft")
+        return self
+
+
+class RocConfig(_Section):
+    """Which of the 2G rollouts of a prompt are kept (G = ``keep``)."""
+
+    strategy: Literal["sample", "topk", "none"] = Field(
+        default="sample",
+        description="sample: the paper's RoC; topk: the release's; none: plain GRPO (positives "
+        "kept uniformly at random).",
+    )
+    keep: int = Field(gt=0, description="Rollouts kept per prompt (G).")
+    min_positives: int = Field(default=1, ge=0)
+    min_negatives: int = Field(default=1, ge=0)
+
+
+class LossConfig(_Section):
+    """The clipped policy loss (no KL, no entropy term)."""
+
+    eps_low: float = Field(default=0.2, ge=0, lt=1)
+    eps_high: float = Field(default=0.28, ge=0, description="Clip-higher.")
+    dual_clip: float | None = Field(default=None, gt=1)
+    aggregation: LossAggregation = "token-mean"
+    tis_cap: float | None = Field(
+        default=None,
+        gt=0,
+        description="Truncated importance sampling: weight each token by min(p_trainer / "
+        "p_engine, cap) to correct engine/trainer mismatch (None: off).",
+    )
+
+
+class EnginesConfig(_Section):
+    """Inference engines for rollouts."""
+
+    kind: Literal["transformers", "vllm"] = "transformers"
+    count: int = Field(default=1, gt=0, description="Engines (one per GPU with vllm).")
+    device: str = Field(default="auto", description="transformers: cpu, cuda, cuda:1; auto.")
+    kv_budget_tokens: int = Field(
+        default=65536, gt=0, description="transformers: KV tokens each engine may hold."
+    )
+    max_batch_size: int = Field(default=64, gt=0, description="transformers: rows per step.")
+    vllm: dict[str, Any] = Field(default_factory=dict, description="vllm: AsyncEngineArgs.")
+
+
+class SandboxConfig(_Section):
+    """Where tool calls run."""
+
+    url: str | None = Field(
+        default=None, description="rstar2-sandbox server URL; None: an embedded sandbox."
+    )
+    executor: ExecutorSettings = Field(
+        default_factory=ExecutorSettings,
+        description="The embedded sandbox's fork-servers, slots and limits.",
+    )
+
+
+class ValidationConfig(_Section):
+    """Periodic evaluation through rstar2-eval, on the trainer's own engines."""
+
+    every_steps: int | None = Field(default=None, gt=0, description="None: only at the end.")
+    at_start: bool = Field(default=False, description="Also before the first step.")
+    benchmarks: list[str] = Field(
+        min_length=1, description="rstar2-eval benchmark names, or NAME=PATH problem files."
+    )
+    data_dir: str | None = Field(default=None, description="Local benchmark files.")
+    samples: int = Field(default=4, gt=0)
+    temperature: float = Field(default=0.6, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_response_tokens: int | None = Field(
+        default=None, gt=0, description="Default: the rollouts' budget."
+    )
+    max_turns: int | None = Field(default=None, gt=0, description="Default: the rollouts'.")
+    limit: int | None = Field(default=None, gt=0, description="Problems per benchmark.")
+
+
+class RLConfig(_Section):
+    """GRPO-RoC."""
+
+    steps: int = Field(gt=0, description="RL steps (one rollout phase each).")
+    prompts_per_step: int = Field(gt=0)
+    rollouts_per_prompt: int = Field(gt=1, description="2G: rollouts generated per prompt.")
+    roc: RocConfig
+    loss: LossConfig = Field(default_factory=LossConfig)
+    ppo_mini_batches: int = Field(
+        default=1, gt=0, description="Optimizer steps per RL step (1: fully on-policy)."
+    )
+    micro_batch_tokens: int = Field(default=16384, gt=0, description="Tokens per forward pass.")
+    packing: bool = True
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig,
+        description="Turn limit, response budget, sampling and tool limits (chat: see the "
+        "top-level chat section).",
+    )
+    engines: EnginesConfig = Field(default_factory=EnginesConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    grader: GraderConfig = Field(default_factory=GraderConfig)
+    validation: ValidationConfig | None = None
+
+    @model_validator(mode="after")
+    def _groups(self) -> Self:
+        if self.roc.keep > self.rollouts_per_prompt:
+            raise ValueError(
+                f"roc.keep ({self.roc.keep}) cannot exceed rollouts_per_prompt "
+                f"({self.rollouts_per_prompt})"
+            )
+        if self.roc.min_positives + self.roc.min_negatives > self.roc.keep:
+            raise ValueError("roc.min_positives + roc.min_negatives cannot exceed roc.keep")
+        if "chat" in self.rollout.model_fields_set:
+            raise ValueError(
+                "rl.rollout.chat: set the top-level chat section instead (SFT, RL and "
+                "evaluation must render prompts alike)"
+            )
+        return self
+
+
+class StageConfig(_Section):
+    """One training stage: SFT or RL."""
+
+    name: str = Field(min_length=1)
+    kind: Literal["sft", "rl"]
+    description: str = ""
+    output_dir: str = Field(description="Run directory: checkpoints, metrics, plots, samples.")
+    seed: int = 0
+    model: ModelConfig
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    chat: ChatConfig = Field(default_factory=ChatConfig)
+    data: DataConfig
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    sft: SFTConfig | None = None
+    rl: RLConfig | None = None
+
+    @model_validator(mode="after")
+    def _sections_match_kind(self) -> Self:
+        if self.kind == "sft" and (self.sft is None or self.rl is not None):
+            raise ValueError("kind sft needs an sft section and no rl section")
+        if self.kind == "rl" and (self.rl is None or self.sft is not None):
+            raise ValueError("kind rl needs an rl section and no sft section")
+        tokenizer = self.tokenizer
+        if self.model.init is not None and tokenizer.train is None and tokenizer.path is None:
+            raise ValueError(
+                "model.init builds a new model: give tokenizer.path or tokenizer.train"
+            )
+        if self.tokenizer.train is not None and self.model.init is None:
+            raise ValueError("tokenizer.train needs model.init (a new model for a new vocabulary)")
+        return self
+
+    @property
+    def rollout(self) -> RolloutConfig:
+        """The RL rollout settings with the stage's chat settings."""
+        assert self.rl is not None
+        return self.rl.rollout.model_copy(update={"chat": self.chat})

@@ -1,0 +1,140 @@
+"""The policy model and its tokenizer: loaded from a checkpoint, or built new for tiny runs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+from rstar2_data import build_tokenizer
+from rstar2_scheduler import ChatProtocol, install_chat_template
+from rstar2_scheduler.protocol import SPECIAL_TOKENS
+from rstar2_train.config.schema import ModelConfig, TokenizerTraining
+
+logger = logging.getLogger(__name__)
+
+EOS = "<|endoftext|>"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: the first CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class CheckpointNotFoundError(ValueError):
+    """A model or tokenizer path that is neither a checkpoint folder nor a loadable hub id."""
+
+
+def _check_source(path: str, what: str) -> None:
+    """A path that can only be local (hub ids are ``name`` or ``namespace/name``) must exist."""
+    local = Path(path).expanduser()
+    only_local = local.is_absolute() or path.startswith(".") or path.count("/") > 1
+    if (only_local or local.exists()) and not local.is_dir():
+        raise CheckpointNotFoundError(f"{what} {path!r}: no such checkpoint folder")
+
+
+def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """A checkpoint's tokenizer (its own chat template is kept; rstar2's is the default use)."""
+    _check_source(path, "tokenizer path")
+    try:
+        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
+            path, trust_remote_code=trust_remote_code
+        )
+    except OSError as error:
+        raise CheckpointNotFoundError(f"tokenizer {path!r} could not be loaded: {error}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def train_tokenizer(texts: Iterable[str], training: TokenizerTraining) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on ``texts``, with the chat template's special tokens.
+
+    Callers pass the stage's data rendered the way training sees it, so the template's fixed
+    text (system prompt, tool schema) compresses into few tokens.
+    """
+    tokenizer = build_tokenizer(
+        texts, special_tokens=[EOS, *SPECIAL_TOKENS], vocab_size=training.vocab_size
+    )
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # untyped in transformers
+        tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS
+    )
+    install_chat_template(fast)
+    return fast
+
+
+def bootstrap_chat(training: TokenizerTraining) -> ChatProtocol:
+    """A chat protocol over a minimal tokenizer, to render texts before the real one exists."""
+    minimal = build_tokenizer(["rstar2"], special_tokens=[EOS, *SPECIAL_TOKENS], vocab_size=300)
+    bootstrap = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # untyped in transformers
+        tokenizer_object=minimal, eos_token=EOS
+    )
+    return ChatProtocol(bootstrap)
+
+
+def build_model(
+    config: ModelConfig, tokenizer: PreTrainedTokenizerBase, *, seed: int
+) -> PreTrainedModel:
+    """The policy: loaded from ``config.path``, or new random weights from ``config.init``."""
+    dtype = DTYPES[config.dtype]
+    if config.path is not None:
+        _check_source(config.path, "model.path")
+        try:
+            model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+                config.path,
+                dtype=dtype,
+                attn_implementation=config.attn_implementation,
+                trust_remote_code=config.trust_remote_code,
+            )
+        except OSError as error:
+            raise CheckpointNotFoundError(
+                f"model.path {config.path!r} could not be loaded: {error}"
+            ) from None
+        embedded = int(model.config.vocab_size)
+        if embedded < len(tokenizer):
+            raise ValueError(
+                f"the tokenizer has {len(tokenizer)} tokens but the model {config.path} embeds "
+                f"only {embedded}"
+            )
+    else:
+        assert config.init is not None
+        model_class = getattr(transformers, config.init.architecture, None)
+        if not (isinstance(model_class, type) and issubclass(model_class, PreTrainedModel)):
+            raise ValueError(
+                f"model.init.architecture: {config.init.architecture!r} is not a transformers "
+                "model class (e.g. Qwen2ForCausalLM)"
+            )
+        settings: dict[str, Any] = {
+            **config.init.config,
+            "vocab_size": len(tokenizer),
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+        }
+        config_class = model_class.config_class
+        if config_class is None:
+            raise ValueError(f"{config.init.architecture} names no config class")
+        model_config = config_class(**settings)
+        model_config._attn_implementation = config.attn_implementation
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = model_class(model_config)
+        model.to(dtype)  # type: ignore[arg-type]  # transformers' stub of .to is wrong
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    parameters = sum(p.numel() for p in model.parameters())
+    logger.info("policy: %s, %.2fM parameters, %s", type(model).__name__, parameters / 1e6, dtype)
+    return model

@@ -1,0 +1,70 @@
+"""PNG plots of a run's metrics over steps (needs matplotlib: the ``plot`` extra)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from rstar2_data.jsonl import atomic_output
+
+# One figure per entry: file name, title, the metric keys drawn as glob patterns (missing keys
+# are skipped; "val/*/avg" draws one line per validation benchmark).
+FIGURES: Sequence[tuple[str, str, tuple[str, ...]]] = (
+    ("loss", "Loss", ("train/loss", "val/loss")),
+    ("reward", "Reward", ("reward/mean",)),
+    ("accuracy", "Accuracy", ("reward/accuracy", "val/*/avg")),
+    ("response_length", "Response length (tokens)", ("response/length_mean",)),
+    (
+        "tool_errors",
+        "Tool-error ratio",
+        ("tools/error_ratio_all_positives", "tools/error_ratio_kept_positives"),
+    ),
+    ("learning_rate", "Learning rate", ("actor/lr",)),
+)
+
+
+def _series(
+    records: Sequence[dict[str, Any]], pattern: str
+) -> dict[str, tuple[list[int], list[float]]]:
+    """Every metric whose key matches the glob ``pattern``, as (steps, values)."""
+    keys = sorted({key for record in records for key in record if fnmatchcase(key, pattern)})
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for key in keys:
+        points = [(r["step"], float(r[key])) for r in records if r.get(key) is not None]
+        if points:
+            out[key] = ([step for step, _ in points], [value for _, value in points])
+    return out
+
+
+def write_plots(records: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
+    """One PNG per figure that has data; returns the files written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as missing:
+        raise ImportError("plots need matplotlib: pip install 'rstar2-train[plot]'") from missing
+    written: list[Path] = []
+    for name, title, patterns in FIGURES:
+        lines: dict[str, tuple[list[int], list[float]]] = {}
+        for pattern in patterns:
+            lines.update(_series(records, pattern))
+        if not lines:
+            continue
+        figure, axes = plt.subplots(figsize=(6.4, 3.6))
+        for label, (steps, values) in lines.items():
+            axes.plot(steps, values, marker="o" if len(steps) < 30 else None, label=label)
+        axes.set_title(title)
+        axes.set_xlabel("step")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="small")
+        figure.tight_layout()
+        path = folder / f"{name}.png"
+        with atomic_output(path) as temporary:
+            figure.savefig(temporary, format="png", dpi=100)
+        plt.close(figure)
+        written.append(path)
+    return written

@@ -1,0 +1,92 @@
+"""The rollout side of a single-process RL stage: engines, the sandbox, the grader."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+
+from transformers import PreTrainedModel
+
+from rstar2_eval import Grader
+from rstar2_sandbox.client import SandboxClient
+from rstar2_sandbox.local import LocalSandbox
+from rstar2_sandbox.protocol import Sandbox
+from rstar2_scheduler import (
+    Engine,
+    TransformersEngine,
+    TransformersEngineConfig,
+    VLLMEngine,
+    VLLMEngineConfig,
+)
+from rstar2_train.config.schema import EnginesConfig, SandboxConfig
+from rstar2_train.modeling import resolve_device
+
+logger = logging.getLogger(__name__)
+
+
+def make_engines(
+    config: EnginesConfig, model: PreTrainedModel, *, model_path: str | None, seed: int
+) -> list[Engine]:
+    """``config.count`` engines serving the policy's current weights.
+
+    Transformers engines hold their own copy of ``model`` (the trainer's stays in training
+    mode); vLLM loads ``model_path`` and then receives weights after every step.
+    """
+    if config.kind == "vllm":
+        if config.count > 1:
+            raise ValueError(
+                "rl.engines.count > 1 with vllm needs one GPU per engine: run the stage with "
+                "Ray placement, or use one engine (tensor_parallel_size in rl.engines.vllm)"
+            )
+        if model_path is None:
+            raise ValueError("vLLM engines load a checkpoint: set model.path")
+        return [VLLMEngine(VLLMEngineConfig(model=model_path, engine_args=dict(config.vllm)))]
+    device = resolve_device(config.device)
+    engines: list[Engine] = []
+    for index in range(config.count):
+        replica = copy.deepcopy(model).to(device)  # type: ignore[arg-type]  # transformers' stub
+        replica.requires_grad_(False)
+        engines.append(
+            TransformersEngine(
+                replica,
+                TransformersEngineConfig(
+                    name=f"engine-{index}",
+                    kv_budget_tokens=config.kv_budget_tokens,
+                    max_batch_size=config.max_batch_size,
+                    seed=seed + index,
+                ),
+            )
+        )
+    return engines
+
+
+def make_sandbox(config: SandboxConfig) -> Sandbox:
+    """The configured sandbox service, or an embedded one."""
+    if config.url is not None:
+        return SandboxClient(config.url)
+    return LocalSandbox(config.executor)
+
+
+@dataclass
+class RolloutResources:
+    engines: list[Engine]
+    sandbox: Sandbox
+    grader: Grader
+
+
+@asynccontextmanager
+async def rollout_resources(
+    engines: list[Engine], sandbox: Sandbox, grader: Grader
+) -> AsyncIterator[RolloutResources]:
+    """Start everything, and stop it all however the stage ends."""
+    async with AsyncExitStack() as stack:
+        stack.callback(grader.close)
+        stack.push_async_callback(sandbox.aclose)
+        for engine in engines:
+            stack.push_async_callback(engine.close)
+        for engine in engines:
+            await engine.start()
+        yield RolloutResources(engines, sandbox, grader)

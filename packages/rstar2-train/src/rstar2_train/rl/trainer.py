@@ -1,0 +1,153 @@
+"""The GRPO-RoC stage loop.
+
+One step: take ``prompts_per_step`` problems -> ``rollouts_per_prompt`` rollouts each through the
+scheduler (tools in the sandbox, graded as each finishes) -> drop all-equal groups -> RoC keeps
+G per prompt -> advantages -> the trainer recomputes log-probs -> clipped loss over micro-batches
+-> optimizer step(s) -> new weights to every engine (their prefix caches reset) -> log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from rstar2_data import MathProblem
+from rstar2_eval import Grader
+from rstar2_scheduler import RolloutRunner, RolloutScheduler
+from rstar2_train.actor import Actor
+from rstar2_train.config.schema import RLConfig, StageConfig
+from rstar2_train.data import DataOrder, load_rows
+from rstar2_train.modeling import bootstrap_chat
+from rstar2_train.rl.report import rollout_metrics, write_samples
+from rstar2_train.rl.resources import (
+    RolloutResources,
+    make_engines,
+    make_sandbox,
+    rollout_resources,
+)
+from rstar2_train.rl.rollouts import collect, rollout_seed
+from rstar2_train.rl.selection import select
+from rstar2_train.rl.update import policy_update, training_sequences
+from rstar2_train.stage import StageRun
+
+logger = logging.getLogger(__name__)
+
+
+class RLTrainer:
+    """Runs an RL stage (``kind: rl``) in this process."""
+
+    def __init__(self, run: StageRun) -> None:
+        self.run = run
+        self.config: StageConfig = run.config
+        assert self.config.rl is not None
+        self.rl: RLConfig = self.config.rl
+
+    def _prompt_texts(self, problems: list[MathProblem]) -> list[str]:
+        training = self.config.tokenizer.train
+        assert training is not None
+        chat = bootstrap_chat(training)
+        limit = training.samples or len(problems)
+        return [
+            chat.render(chat.initial_messages(p.problem), add_generation_prompt=True)
+            for p in problems[:limit]
+        ]
+
+    async def train(self) -> Path:
+        """Train for ``rl.steps`` steps; returns the final checkpoint."""
+        run, config, rl = self.run, self.config, self.rl
+        problems = load_rows(config.data.train, "math", run.dir.data)
+        tokenizer = run.tokenizer(lambda: self._prompt_texts(problems))
+        model = run.model(tokenizer)
+        actor = Actor(
+            model, config.optimizer, config.schedule, total_steps=rl.steps * rl.ppo_mini_batches
+        )
+        order = DataOrder(len(problems), seed=config.seed, shuffle=config.data.shuffle)
+        run.restore(actor, tokenizer, order)
+        model_path = str(run.checkpoint) if run.checkpoint is not None else config.model.path
+        engines = make_engines(rl.engines, model, model_path=model_path, seed=config.seed)
+        grader = Grader(rl.grader)
+        async with rollout_resources(engines, make_sandbox(rl.sandbox), grader) as resources:
+            runner = RolloutRunner(tokenizer, resources.sandbox, config.rollout)
+            scheduler = RolloutScheduler(resources.engines, rl.scheduler)
+            pad = int(tokenizer.pad_token_id or 0)
+            run.reporter.start(f"rl {config.name}", rl.steps, run.start_step)
+            for step in range(run.start_step + 1, rl.steps + 1):
+                metrics = await self._step(
+                    step,
+                    [problems[i] for i in order.take(rl.prompts_per_step)],
+                    actor=actor,
+                    runner=runner,
+                    scheduler=scheduler,
+                    resources=resources,
+                    pad=pad,
+                )
+                run.after_step(step, rl.steps, metrics)
+        return run.finish(rl.steps)
+
+    async def _step(
+        self,
+        step: int,
+        problems: list[MathProblem],
+        *,
+        actor: Actor,
+        runner: RolloutRunner,
+        scheduler: RolloutScheduler,
+        resources: RolloutResources,
+        pad: int,
+    ) -> dict[str, float]:
+        rl, seed = self.rl, self.config.seed
+        started = time.perf_counter()
+        phase = await collect(
+            problems,
+            step=step,
+            seed=seed,
+            samples=rl.rollouts_per_prompt,
+            runner=runner,
+            scheduler=scheduler,
+            grader=resources.grader,
+            on_progress=lambda done, total: self.run.reporter.phase(f"rollouts {done}/{total}"),
+        )
+        selection = select(phase.rollouts, rl.roc, seed=rollout_seed(seed, step, -1, -1))
+        metrics = rollout_metrics(phase, selection)
+        if self.config.logging.sample_rollouts:
+            write_samples(
+                self.run.dir.samples / f"step-{step:06d}.md",
+                step,
+                phase.rollouts,
+                self.config.logging.sample_rollouts,
+            )
+        self.run.reporter.phase("update")
+        sequences = training_sequences(phase.rollouts, selection)
+        updated = time.perf_counter()
+        if sequences:
+            metrics.update(
+                await asyncio.to_thread(
+                    policy_update,
+                    actor,
+                    sequences,
+                    selection.advantages,
+                    rl,
+                    temperature=rl.rollout.temperature,
+                    pad_id=pad,
+                    seed=rollout_seed(seed, step, -2, -2),
+                )
+            )
+        else:
+            logger.warning("step %d: every group was dropped; no update", step)
+            actor.skip()
+        synced = time.perf_counter()
+        self.run.reporter.phase("weight sync")
+        for engine in resources.engines:
+            await engine.update_weights(actor.named_weights(), version=str(step))
+        done = time.perf_counter()
+        metrics["time/update_s"] = synced - updated
+        metrics["time/sync_s"] = done - synced
+        metrics["time/step_s"] = done - started
+        metrics["actor/trained_tokens"] = float(sum(sum(s.mask) for s in sequences))
+        return metrics
+
+
+def train_rl(run: StageRun) -> Path:
+    return asyncio.run(RLTrainer(run).train())

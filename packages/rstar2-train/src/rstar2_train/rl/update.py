@@ -1,0 +1,163 @@
+"""The policy update of one RL step: log-probs recomputed by the trainer, then the clipped loss.
+
+The engines' sampling log-probs travel with each rollout. The trainer recomputes the log-probs
+of the same tokens under the same weights (the "old" policy of the clipped ratio, since the step
+is on-policy); the gap between the two is logged, and with ``loss.tis_cap`` each token's loss is
+weighted by ``min(p_trainer / p_engine, cap)`` (truncated importance sampling). The loss of every
+micro-batch is normalised by the whole mini-batch's token (or sequence) count, so gradient
+accumulation gives the loss of the full batch.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rstar2_algo import policy_loss
+from rstar2_train.actor import Actor, LossFn
+from rstar2_train.batching import MicroBatch, TokenSequence, micro_batches
+from rstar2_train.config.schema import RLConfig
+from rstar2_train.rl.rollouts import ScoredRollout
+from rstar2_train.rl.selection import Selection
+
+ENGINE_LOGPROBS = "engine_logprobs"
+
+
+def training_sequences(
+    rollouts: Sequence[ScoredRollout], selection: Selection
+) -> list[TokenSequence]:
+    """Kept rollouts as sequences: prompt + response ids, the rollout's loss mask, and the
+    engine's sampling log-probs, all aligned with the ids."""
+    out = []
+    for position in selection.kept:
+        trajectory = rollouts[position].trajectory
+        prompt = [0] * len(trajectory.prompt_ids)
+        out.append(
+            TokenSequence(
+                ids=trajectory.input_ids,
+                mask=prompt + trajectory.loss_mask,
+                token_values={ENGINE_LOGPROBS: [0.0] * len(prompt) + trajectory.logprobs},
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class _MiniBatch:
+    batches: list[MicroBatch]
+    advantages: list[torch.Tensor]
+    old: list[torch.Tensor]
+
+
+def _split(count: int, parts: int, seed: int) -> list[list[int]]:
+    """``parts`` mini-batches of sequence positions (seeded shuffle when there are several)."""
+    order = list(range(count))
+    if parts > 1:
+        random.Random(seed).shuffle(order)
+    size = -(-count // parts)
+    return [order[i : i + size] for i in range(0, count, size)]
+
+
+def _loss(mini: _MiniBatch, config: RLConfig) -> LossFn:
+    """The clipped loss of a micro-batch, normalised over the whole mini-batch."""
+    loss_config = config.loss
+    token_count = sum(batch.tokens for batch in mini.batches)
+    # token-mean divides by the mini-batch's tokens; the sequence modes by its sequences (and
+    # Dr. GRPO's token sums by the response budget).
+    counts: dict[str, int]
+    if loss_config.aggregation == "token-mean":
+        counts = {"token_count": token_count}
+    else:
+        counts = {"seq_count": sum(int((b.mask.sum(-1) > 0).sum()) for b in mini.batches)}
+    if loss_config.aggregation == "seq-mean-token-sum-norm":
+        counts["norm_length"] = config.rollout.max_response_tokens
+
+    def loss(
+        index: int, batch: MicroBatch, logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        result = policy_loss(
+            logprobs,
+            mini.old[index],
+            mini.advantages[index],
+            batch.mask,
+            eps_low=loss_config.eps_low,
+            eps_high=loss_config.eps_high,
+            dual_clip=loss_config.dual_clip,
+            agg=loss_config.aggregation,
+            **counts,
+        )
+        metrics = result.metrics("actor/")
+        # Weighted by this micro-batch's tokens downstream, so the mean is the mini-batch loss.
+        metrics["actor/pg_loss"] = float(result.loss.detach()) * token_count / max(batch.tokens, 1)
+        return result.loss, metrics
+
+    return loss
+
+
+def policy_update(
+    actor: Actor,
+    sequences: Sequence[TokenSequence],
+    advantages: Sequence[float],
+    config: RLConfig,
+    *,
+    temperature: float,
+    pad_id: int,
+    seed: int,
+) -> dict[str, float]:
+    """Recompute log-probs, then ``config.ppo_mini_batches`` optimizer steps; returns metrics."""
+    minis: list[_MiniBatch] = []
+    for members in _split(len(sequences), config.ppo_mini_batches, seed):
+        chosen = [sequences[i] for i in members]
+        batches = micro_batches(
+            chosen,
+            config.micro_batch_tokens,
+            packing=config.packing,
+            pad_id=pad_id,
+            device=actor.device,
+        )
+        per_sequence = torch.tensor([advantages[i] for i in members], dtype=torch.float32)
+        token_advantages = [
+            per_sequence[batch.members].to(actor.device).unsqueeze(-1).expand_as(batch.mask)
+            for batch in batches
+        ]
+        minis.append(_MiniBatch(batches, token_advantages, []))
+    metrics = _recompute(actor, minis, config, temperature)
+    updates = []
+    for mini in minis:
+        updates.append(actor.update(mini.batches, _loss(mini, config), temperature=temperature))
+    for name in sorted({name for update in updates for name in update.metrics}):
+        values = [u.metrics[name] for u in updates if name in u.metrics]
+        metrics[name] = sum(values) / len(values)
+    metrics["actor/grad_norm"] = sum(u.grad_norm for u in updates) / len(updates)
+    metrics["actor/lr"] = updates[-1].lr
+    metrics["actor/skipped_steps"] = float(sum(u.skipped for u in updates))
+    metrics["actor/mini_batches"] = float(len(updates))
+    return metrics
+
+
+def _recompute(
+    actor: Actor, minis: list[_MiniBatch], config: RLConfig, temperature: float
+) -> dict[str, float]:
+    """Fill each mini-batch's old log-probs (and importance weights); returns mismatch metrics."""
+    gaps: list[torch.Tensor] = []
+    for mini in minis:
+        old = actor.logprobs(mini.batches, temperature=temperature)
+        mini.old.extend(old)
+        for index, (batch, logprobs) in enumerate(zip(mini.batches, old, strict=True)):
+            engine = batch.token_values[ENGINE_LOGPROBS]
+            trained = batch.mask.bool()
+            gaps.append((logprobs - engine)[trained])
+            if config.loss.tis_cap is not None:
+                weight = torch.exp(logprobs - engine).clamp(max=config.loss.tis_cap)
+                mini.advantages[index] = mini.advantages[index] * torch.where(trained, weight, 1.0)
+    gap = torch.cat(gaps) if gaps else torch.zeros(0)
+    if gap.numel() == 0:
+        return {}
+    return {
+        "mismatch/logprob_abs_mean": float(gap.abs().mean()),
+        "mismatch/logprob_abs_max": float(gap.abs().max()),
+        "mismatch/ratio_mean": float(torch.exp(gap).mean()),
+    }

@@ -1,0 +1,160 @@
+"""What every stage does around its training loop: the run directory, where to start from,
+the tokenizer and model, checkpoints, metrics and plots."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from rstar2_train.actor import Actor
+from rstar2_train.checkpoint import (
+    TrainerState,
+    list_checkpoints,
+    load_optimizer_state,
+    load_rng,
+    prune,
+    read_state,
+    save_checkpoint,
+    step_folder,
+)
+from rstar2_train.config.schema import StageConfig
+from rstar2_train.data import DataOrder
+from rstar2_train.metrics import MetricsLog
+from rstar2_train.modeling import build_model, load_tokenizer, resolve_device, train_tokenizer
+from rstar2_train.plots import write_plots
+from rstar2_train.progress import LogReporter, Reporter
+from rstar2_train.run_dir import RunDir
+
+logger = logging.getLogger(__name__)
+
+
+class StageRun:
+    """One stage's run: prepared directory, starting point, and the shared bookkeeping."""
+
+    def __init__(
+        self,
+        config: StageConfig,
+        *,
+        resume: bool = False,
+        allow_changes: bool = False,
+        reporter: Reporter | None = None,
+    ) -> None:
+        self.config = config
+        self.dir = RunDir(config.output_dir)
+        self.dir.prepare(config, resume=resume, allow_changes=allow_changes)
+        self.reporter: Reporter = reporter or LogReporter()
+        found = list_checkpoints(self.dir.checkpoints) if resume else []
+        self.checkpoint: Path | None = found[-1] if found else None
+        self.state: TrainerState | None = (
+            read_state(self.checkpoint) if self.checkpoint is not None else None
+        )
+        self.start_step = self.state.step if self.state is not None else 0
+        self._training: tuple[Actor, PreTrainedTokenizerBase, DataOrder] | None = None
+        if self.checkpoint is not None:
+            logger.info("resuming %s from %s", config.name, self.checkpoint)
+        elif resume:
+            logger.info(
+                "no checkpoint in %s yet: starting %s from the beginning",
+                self.dir.root,
+                config.name,
+            )
+        seed = config.seed
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        self.device = resolve_device(config.model.device)
+        self.metrics = MetricsLog(
+            self.dir.metrics,
+            keep_until=self.start_step,
+            tensorboard=self.dir.tensorboard if config.logging.tensorboard else None,
+        )
+
+    def tokenizer(self, training_texts: Callable[[], Iterable[str]]) -> PreTrainedTokenizerBase:
+        """The checkpoint's tokenizer when resuming; else the configured (or trained) one."""
+        config = self.config
+        if self.checkpoint is not None:
+            return load_tokenizer(str(self.checkpoint))
+        if config.tokenizer.train is not None:
+            logger.info("training a tokenizer (vocab %d)", config.tokenizer.train.vocab_size)
+            return train_tokenizer(training_texts(), config.tokenizer.train)
+        path = config.tokenizer.path or config.model.path
+        assert path is not None  # the schema requires a tokenizer source
+        return load_tokenizer(path, trust_remote_code=config.model.trust_remote_code)
+
+    def model(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+        """The policy at the starting point, on the trainer's device."""
+        model_config = self.config.model
+        if self.checkpoint is not None:
+            model_config = model_config.model_copy(
+                update={"path": str(self.checkpoint), "init": None}
+            )
+        model = build_model(model_config, tokenizer, seed=self.config.seed)
+        model.to(self.device)  # type: ignore[arg-type]  # transformers' stub of .to is wrong
+        return model
+
+    def restore(self, actor: Actor, tokenizer: PreTrainedTokenizerBase, order: DataOrder) -> None:
+        """Optimizer, schedule, data position and RNG of the checkpoint being resumed; or the
+        previous stage's optimizer moments when the config asks for them. ``save`` writes
+        these objects from now on."""
+        self._training = (actor, tokenizer, order)
+        if self.checkpoint is not None and self.state is not None:
+            actor.load_optimizer_state(load_optimizer_state(self.checkpoint), resume=True)
+            order.load_state_dict(self.state.data)
+            load_rng(self.checkpoint)
+        elif self.config.optimizer.load_state:
+            source = self.config.model.path
+            assert source is not None
+            actor.load_optimizer_state(load_optimizer_state(Path(source)), resume=False)
+            logger.info("optimizer moments continued from %s", source)
+
+    def save(self, *, step: int, total_steps: int, final: bool = False) -> Path:
+        """A step checkpoint (pruning old ones), or the stage's final weights, of the actor,
+        tokenizer and data order given to ``restore``."""
+        assert self._training is not None, "restore() first"
+        actor, tokenizer, order = self._training
+        state = TrainerState(
+            stage=self.config.name,
+            kind=self.config.kind,
+            step=step,
+            total_steps=total_steps,
+            data=order.state_dict(),
+            finished=final,
+        )
+        folder = self.dir.final if final else step_folder(self.dir.checkpoints, step)
+        save_checkpoint(
+            folder,
+            model=actor.model,
+            tokenizer=tokenizer,
+            optimizer_state=actor.optimizer_state(),
+            state=state,
+        )
+        if not final:
+            prune(self.dir.checkpoints, self.config.checkpoint.keep_last)
+        logger.info("saved %s", folder)
+        return folder
+
+    def after_step(self, step: int, total_steps: int, metrics: dict[str, float]) -> None:
+        """Log the step and write a checkpoint when one is due."""
+        self.metrics.write(step, metrics)
+        self.reporter.step(step, metrics)
+        every = self.config.checkpoint.every_steps
+        if step == total_steps or (every is not None and step % every == 0):
+            self.save(step=step, total_steps=total_steps)
+
+    def finish(self, total_steps: int) -> Path:
+        """The final checkpoint and the plots."""
+        final = self.save(step=total_steps, total_steps=total_steps, final=True)
+        if self.config.logging.plots:
+            self.dir.plots.mkdir(parents=True, exist_ok=True)
+            write_plots(self.metrics.records, self.dir.plots)
+        return final
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.reporter.stop()

@@ -1,0 +1,74 @@
+"""The command line: listing and showing configs, and one clear line for every bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny_runs import DemoData
+from typer.testing import CliRunner
+
+from rstar2_train.cli import app
+
+runner = CliRunner()
+
+
+def test_configs_lists_every_shipped_config() -> None:
+    result = runner.invoke(app, ["configs"])
+    assert result.exit_code == 0
+    for name in ("tiny-sft", "tiny-rl", "qwen3-14b-sft", "qwen3-14b-rl-stage3"):
+        assert name in result.output
+
+
+def test_show_prints_the_resolved_config() -> None:
+    result = runner.invoke(app, ["show", "qwen3-14b-rl-stage2", "--set", "rl.steps=3"])
+    assert result.exit_code == 0
+    shown = yaml.safe_load(result.output)
+    assert shown["rl"]["steps"] == 3
+    assert shown["rl"]["rollout"]["max_response_tokens"] == 12288  # from stage 2
+    assert shown["rl"]["prompts_per_step"] == 512  # inherited from stage 1
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["show", "tiny-rl", "--set", "rl.roc.kep=3"], "did you mean 'keep'"),
+        (["stage", "nope"], "neither a config file nor a shipped config"),
+        (["stage", "tiny-rl", "--set", "model.path=/does/not/exist"], "/does/not/exist"),
+        (["stage", "tiny-rl", "--resume", "--output", "/tmp/rstar2-no-run"], "nothing to resume"),
+    ],
+)
+def test_bad_input_is_one_line_without_a_traceback(
+    arguments: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, arguments)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+def test_missing_data_is_reported(demo_data: DemoData, tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "stage",
+            "tiny-sft",
+            "--output",
+            str(tmp_path / "run"),
+            "--set",
+            "data.train.recipe=null",
+            "--set",
+            f"data.train.file={tmp_path / 'none.jsonl'}",
+        ],
+    )
+    assert result.exit_code == 2
+    assert "data file not found" in result.output
+
+
+def test_every_option_is_explained() -> None:
+    result = runner.invoke(app, ["stage", "--help"])
+    assert result.exit_code == 0
+    for option in ("--set", "--output", "--resume", "--allow-changes", "--no-progress"):
+        assert option in result.output
