@@ -84,7 +84,7 @@ def stage(
         force=True,
     )
     # transformers' own bars (loading and writing shards) would break the live display.
-    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     settings = list(overrides or [])
     if output is not None:
         settings.append(f"output_dir={output}")
