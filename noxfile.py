@@ -174,7 +174,7 @@ def _serve_and_probe(session: nox.Session, command: str, env: dict[str, str]) ->
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks of every package that has them (figures go in each package README)."""
-    sync(session, "--all-packages", "--all-extras", "--no-extra", "vllm")
+    sync(session, "--all-packages", "--all-extras", "--no-extra", "vllm", "--group", "bench")
     scripts = sorted(ROOT.glob("packages/*/bench/bench.py"))
     if not scripts:
         session.error("no packages/*/bench/bench.py found")

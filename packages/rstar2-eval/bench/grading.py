@@ -1,13 +1,10 @@
 """Grading throughput of rstar2-eval: integer answers (fast path) and LaTeX answers (workers).
 
-Run from the repository root:
-
-    uv run python packages/rstar2-eval/bench/bench.py
-
-or through ``uv run nox -s bench``. Integer items are full responses (a few KB of reasoning, then
-``<answer>\\boxed{N}</answer>``) graded end to end, extraction included. LaTeX items are the
-MATH-500 answers that are not integers, graded against their golds (half right, half wrong);
-every (answer, gold) pair is distinct so the per-batch de-duplication does not flatter the figure.
+Run by ``bench.py`` (``uv run python packages/rstar2-eval/bench/bench.py grading``). Integer
+items are full responses (a few KB of reasoning, then ``<answer>\\boxed{N}</answer>``) graded end
+to end, extraction included. LaTeX items are the MATH-500 answers that are not integers, graded
+against their golds (half right, half wrong); every (answer, gold) pair is distinct so the
+per-batch de-duplication does not flatter the figure.
 """
 
 from __future__ import annotations
@@ -71,7 +68,7 @@ def latex_items(data_dir: Path, repeats: int, seed: int) -> tuple[list[str], lis
     return answers, targets
 
 
-def main(
+def grading(
     data_dir: Annotated[
         Path, typer.Option(help="Benchmark files (aime24.jsonl, ...).")
     ] = DEFAULT_DATA,
@@ -169,7 +166,3 @@ def main(
     )
     if json_out is not None:
         json_out.write_text(json.dumps(figures, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    typer.run(main)

@@ -12,8 +12,10 @@ import pytest
 from rstar2_eval import Grader, GraderConfig
 
 # Helper modules next to the tests (e.g. a verifier that hangs) must be importable by name in
-# spawned worker processes, which inherit sys.path.
+# grading worker processes, which take the caller's sys.path.
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+# The benchmark's stub server doubles as a test server.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 _DEFAULT_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "benchmarks"
 
@@ -36,3 +38,19 @@ def grader() -> Iterator[Grader]:
     with Grader(GraderConfig(workers=2, timeout_s=3.0, max_answer_chars=200_000)) as shared:
         shared.warm_up()
         yield shared
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny checkpoint overfitted on two demo transcripts (see helpers/tiny_checkpoint.py)."""
+    from tiny_checkpoint import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("checkpoint"))
+
+
+@pytest.fixture(scope="session")
+def demo_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkpoint's two training problems as an rstar2-data build directory."""
+    from tiny_checkpoint import build_demo_set
+
+    return build_demo_set(tmp_path_factory.mktemp("demo-set"))

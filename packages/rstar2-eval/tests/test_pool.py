@@ -7,7 +7,7 @@ import time
 import pytest
 from hanging_verifier import verify_or_hang
 
-from rstar2_eval import Grader, GradingError, VerifierPool
+from rstar2_eval import Grader, VerifierPool
 from rstar2_eval.pool import VerifyResult
 
 HOSTILE = [
@@ -54,15 +54,6 @@ def test_a_hung_worker_is_killed_and_the_batch_completes() -> None:
     # The 30 quick items all landed while the hung one was still being waited on.
     assert finished[-1] == 0
     assert elapsed < 60  # a sanity bound against a hang, not a performance target
-
-
-def test_worker_that_cannot_start_is_a_pool_error() -> None:
-    # 1 MB of extra address space is too little to import math-verify.
-    with (
-        VerifierPool(1, 1.0, memory_limit_mb=1) as pool,
-        pytest.raises(GradingError, match="before it was ready"),
-    ):
-        pool.verify([("1", "1")])
 
 
 def test_invalid_pool_settings() -> None:

@@ -12,11 +12,17 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rstar2_eval.cli_run import run
 from rstar2_eval.errors import InputError
 from rstar2_eval.generations import read_generations
 from rstar2_eval.grading import Grader, GraderConfig
-from rstar2_eval.loading import load_benchmark
 from rstar2_eval.pool import GradingError
+from rstar2_eval.problem_sets import (
+    ProblemSet,
+    load_source,
+    parse_sources,
+    recorded_problem_sets,
+)
 from rstar2_eval.registry import BENCHMARKS
 from rstar2_eval.reports import (
     score_table,
@@ -26,12 +32,16 @@ from rstar2_eval.reports import (
 )
 from rstar2_eval.scoring import score_generations
 
+RUN_FILE = "run.json"  # rstar2_eval.run_dir.RUN_FILE, without importing the evaluation half
+
 app = typer.Typer(
-    help="Grade math answers, score benchmark generations, list the benchmark registry.",
+    help="Evaluate checkpoints and endpoints with the tool loop, score generation files, list "
+    "the benchmark registry.",
     no_args_is_help=True,
     add_completion=False,
 )
 logger = logging.getLogger("rstar2_eval")
+app.command("run")(run)
 
 
 def _setup_logging(verbose: bool, errors: Console) -> None:
@@ -60,6 +70,15 @@ def score(
             file_okay=False,
             help="Directory with local benchmark files (aime24.jsonl, ...). Without it, "
             "benchmarks are downloaded from the Hugging Face hub.",
+        ),
+    ] = None,
+    benchmarks: Annotated[
+        str | None,
+        typer.Option(
+            help="Problem sets the generations name that are not registry benchmarks, as in "
+            "`run --benchmarks` (e.g. demo=path/to/build-dir). Default: when a run.json of "
+            "`rstar2-eval run` lies beside the generations, the sets it records (with its "
+            "--limit); registry benchmarks named in the file are always found.",
         ),
     ] = None,
     out_dir: Annotated[
@@ -126,14 +145,22 @@ def score(
     )
     try:
         numbered = read_generations(generations)
-        names = sorted({n.generation.benchmark for n in numbered} & set(BENCHMARKS))
+        run_file = generations.parent / RUN_FILE
+        if benchmarks is not None:
+            listed = [load_source(source, data_dir) for source in parse_sources(benchmarks)]
+        elif run_file.is_file():
+            listed = recorded_problem_sets(run_file, data_dir)
+        else:
+            listed = []
+        sets: dict[str, ProblemSet] = {s.name: s for s in listed}
+        named = sorted({n.generation.benchmark for n in numbered} & set(BENCHMARKS) - set(sets))
         # Unknown names are reported by score_generations, with their line.
-        benchmarks = {name: load_benchmark(name, data_dir) for name in names}
+        sets |= {name: ProblemSet.registry(name, data_dir) for name in named}
         with Grader(config) as grader, _progress(errors) as progress:
             task = progress.add_task("grading", total=len(numbered))
             result = score_generations(
                 numbered,
-                benchmarks,
+                sets,
                 grader,
                 origin=str(generations),
                 ks=k,
@@ -145,7 +172,7 @@ def score(
                     grader.worker_replacements,
                 )
     except (InputError, GradingError) as error:
-        errors.print(f"[red]error:[/red] {error}", highlight=False, markup=True)
+        errors.print(f"[red]error:[/red] {error}", highlight=False, markup=True, soft_wrap=True)
         raise typer.Exit(code=2) from None
 
     directory = out_dir if out_dir is not None else generations.parent

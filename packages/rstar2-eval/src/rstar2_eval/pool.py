@@ -5,24 +5,40 @@ that math-verify cannot swallow); if the worker has not answered ``kill_grace_s`
 (stuck in C code that signals cannot interrupt, such as a huge integer power), the parent kills
 it, reports the item as a timeout and starts a replacement. The other workers keep draining the
 queue meanwhile, so one hostile answer costs one worker at most ``timeout_s + kill_grace_s``.
+
+Workers are fresh interpreters (``sys.executable -c worker.BOOT``), not ``multiprocessing``
+children: the ``spawn`` start method re-runs the caller's main module in every worker, which
+breaks unguarded scripts, ``python -`` and notebooks, and ``fork`` is unsafe in a process holding
+threads or an event loop. A worker that dies is reported with its exit status and the end of its
+own output (its traceback).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 from rstar2_eval.verification import math_verify_equal
-from rstar2_eval.worker import READY, Verifier, VerifyStatus, serve
+from rstar2_eval.worker import (
+    BOOT,
+    READY,
+    Verifier,
+    VerifyStatus,
+    WorkerSetup,
+    verifier_reference,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,30 +56,65 @@ class VerifyResult(NamedTuple):
 
 @dataclass
 class _Worker:
-    process: BaseProcess
+    process: subprocess.Popen[bytes]
     connection: Connection
+    log: IO[bytes]
     start_deadline: float
     ready: bool = False
     key: int | None = None
     deadline: float = field(default=0.0)
 
+    def wait(self, timeout: float) -> int | None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout)
+        return self.process.returncode
+
+    def exit_status(self) -> str:
+        code = self.wait(5)
+        if code is None:
+            return "is still running"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f"was killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}"
+
+    def output_tail(self, limit: int = 2000) -> str:
+        """The end of what the worker wrote to stdout and stderr (its traceback, if any)."""
+        with contextlib.suppress(OSError, ValueError):
+            self.log.flush()
+            self.log.seek(0, 2)
+            size = self.log.tell()
+            self.log.seek(max(0, size - limit))
+            return self.log.read().decode("utf-8", "replace").strip()
+        return ""
+
 
 def _stop(worker: _Worker) -> None:
-    if worker.process.is_alive():
+    if worker.process.poll() is None:
         worker.process.kill()
-    worker.process.join(timeout=5)
+    worker.wait(5)
     worker.connection.close()
+    worker.log.close()
 
 
 def _shutdown(workers: list[_Worker]) -> None:
     for worker in workers:
-        if worker.ready and worker.key is None and worker.process.is_alive():
+        if worker.ready and worker.key is None and worker.process.poll() is None:
             with contextlib.suppress(OSError):
                 worker.connection.send(None)
     for worker in workers:
-        worker.process.join(timeout=2)
+        worker.wait(2)
         _stop(worker)
     workers.clear()
+
+
+def _failure(worker: _Worker, what: str) -> str:
+    """``what`` happened to ``worker``: its exit status, its last line and its output's end."""
+    tail = worker.output_tail()
+    last = tail.splitlines()[-1] if tail else "no output"
+    status = worker.exit_status()
+    message = f"a grading worker (pid {worker.process.pid}) {status} {what}: {last}"
+    return f"{message}\n--- worker output (end) ---\n{tail}" if tail else message
 
 
 def _no_item_in_flight(key: int, result: VerifyResult) -> None:
@@ -97,24 +148,40 @@ class VerifierPool:
         self.memory_limit_mb = memory_limit_mb
         self.start_timeout_s = start_timeout_s
         self.verifier = verifier
+        self._setup = WorkerSetup(*verifier_reference(verifier), timeout_s, memory_limit_mb)
         self.replacements = 0
         self.started = False
-        # spawn, not fork: the parent may hold threads, CUDA contexts or an event loop.
-        self._context = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _shutdown, self._workers)
 
     def _start_worker(self) -> _Worker:
-        parent_end, child_end = self._context.Pipe(duplex=True)
-        process = self._context.Process(
-            target=serve,
-            args=(child_end, self.verifier, self.timeout_s, self.memory_limit_mb),
-            name="rstar2-eval-grader",
-            daemon=True,
-        )
-        process.start()
-        child_end.close()
-        return _Worker(process, parent_end, time.monotonic() + self.start_timeout_s)
+        if not sys.executable:
+            raise GradingError("cannot start grading workers: sys.executable is not set")
+        ours, theirs = socket.socketpair()
+        # Closed by _stop, with the worker.
+        log = tempfile.TemporaryFile(prefix="rstar2-eval-grader-")  # noqa: SIM115
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-c", BOOT, str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(theirs.fileno(),),
+            )
+        except OSError as error:
+            ours.close()
+            log.close()
+            raise GradingError(f"cannot start a grading worker: {error}") from error
+        finally:
+            theirs.close()
+        connection = Connection(ours.detach())
+        worker = _Worker(process, connection, log, time.monotonic() + self.start_timeout_s)
+        try:
+            connection.send(list(sys.path))
+            connection.send(tuple(self._setup))
+        except OSError:
+            pass  # it died at once: the first wait on its connection reports why
+        return worker
 
     def _replace(self, worker: _Worker) -> None:
         _stop(worker)
@@ -175,9 +242,7 @@ class VerifierPool:
                 worker.connection.send((key, *items[key]))
             except OSError:
                 pending.appendleft(key)
-                logger.warning(
-                    "grading worker %s died while idle; replacing it", worker.process.pid
-                )
+                logger.warning("%s", _failure(worker, "while idle"))
                 self._replace(worker)
                 continue
             worker.key = key
@@ -204,20 +269,17 @@ class VerifierPool:
             finish(key, VerifyResult(status, detail))
 
     def _on_death(self, worker: _Worker, finish: Callable[[int, VerifyResult], None]) -> None:
-        worker.process.join(timeout=5)
-        code = worker.process.exitcode
         if not worker.ready:
+            message = _failure(worker, "before it was ready")
             _stop(worker)
             self._workers.remove(worker)
-            raise GradingError(
-                f"a grading worker exited with code {code} before it was ready; "
-                "check that `python -c 'import math_verify'` works in this environment"
-            )
+            raise GradingError(message)
         if worker.key is not None:
-            logger.warning("grading worker died (exit code %s) on item %d", code, worker.key)
-            finish(
-                worker.key, VerifyResult("ungradable", f"grading worker died (exit code {code})")
-            )
+            message = _failure(worker, f"on item {worker.key}")
+            logger.warning("%s", message)
+            finish(worker.key, VerifyResult("ungradable", message.splitlines()[0]))
+        else:
+            logger.warning("%s", _failure(worker, "while idle"))
         self._replace(worker)
 
     def _enforce_deadlines(self, finish: Callable[[int, VerifyResult], None]) -> None:
@@ -234,10 +296,12 @@ class VerifierPool:
                     ),
                 )
             elif not worker.ready and now >= worker.start_deadline:
+                tail = worker.output_tail()
                 _stop(worker)
                 self._workers.remove(worker)
                 raise GradingError(
                     f"a grading worker did not start within {self.start_timeout_s:g} s"
+                    + (f"; its output ends with:\n{tail}" if tail else "")
                 )
 
     def close(self) -> None:

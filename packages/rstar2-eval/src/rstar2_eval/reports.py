@@ -80,9 +80,9 @@ def _at(metric: dict[int, float]) -> str:
     return "-" if largest is None else f"{100 * largest[1]:.1f} @{largest[0]}"
 
 
-def score_table(report: ScoreReport) -> Table:
+def score_table(report: ScoreReport, title: str = "rstar2-eval score") -> Table:
     """Per-benchmark summary for the terminal (percentages)."""
-    table = Table(title="rstar2-eval score", title_justify="left")
+    table = Table(title=title, title_justify="left")
     table.add_column("benchmark")
     table.add_column("problems", justify="right")
     table.add_column("samples", justify="right")

@@ -15,7 +15,8 @@ from rstar2_eval.errors import InputError
 from rstar2_eval.generations import Generation, NumberedGeneration
 from rstar2_eval.grading import Grade, Grader, GradeStatus, ProgressCallback
 from rstar2_eval.metrics import majority_vote, mean_accuracy, pass_at_k
-from rstar2_eval.registry import BENCHMARKS, get_benchmark
+from rstar2_eval.problem_sets import ProblemSet, ProblemSource
+from rstar2_eval.registry import get_benchmark
 
 logger = logging.getLogger(__name__)
 
@@ -157,12 +158,11 @@ def _score_problem(
 
 
 def _score_benchmark(
-    name: str,
-    problems: list[MathProblem],
+    problem_set: ProblemSet,
     by_problem: Mapping[str, list[ScoredSample]],
     ks: Sequence[int] | None,
 ) -> BenchmarkScore:
-    spec = get_benchmark(name)
+    name, problems = problem_set.name, problem_set.problems
     scored = [p for p in problems if p.id in by_problem]
     groups = [by_problem[p.id] for p in scored]
     counts = [len(group) for group in groups]
@@ -186,7 +186,7 @@ def _score_benchmark(
     total_calls = sum(g.tool_calls or 0 for g in calls)
     return BenchmarkScore(
         benchmark=name,
-        title=spec.title,
+        title=problem_set.title,
         problems=len(scored),
         problems_in_benchmark=len(problems),
         missing_problems=[p.id for p in problems if p.id not in by_problem],
@@ -228,7 +228,8 @@ def _gold_of(
     if problems is None:
         raise InputError(
             origin,
-            f"unknown benchmark {generation.benchmark!r}; known: {', '.join(sorted(BENCHMARKS))}",
+            f"unknown benchmark {generation.benchmark!r}; known here: "
+            f"{', '.join(sorted(index))} (name other problem sets with --benchmarks NAME=PATH)",
             line=numbered.line,
             field="benchmark",
         )
@@ -243,9 +244,29 @@ def _gold_of(
     return problem.answer
 
 
+def as_problem_sets(
+    benchmarks: Mapping[str, Sequence[MathProblem] | ProblemSet],
+) -> dict[str, ProblemSet]:
+    """Problem sets by name; a bare list of problems under a registry name is that benchmark."""
+    sets: dict[str, ProblemSet] = {}
+    for name, value in benchmarks.items():
+        if isinstance(value, ProblemSet):
+            sets[name] = value
+            continue
+        spec = get_benchmark(name)
+        sets[name] = ProblemSet(
+            name=name,
+            title=spec.title,
+            answer_format=spec.answer_format,
+            source=ProblemSource(name=name, kind="registry"),
+            problems=list(value),
+        )
+    return sets
+
+
 def score_generations(
     generations: Sequence[NumberedGeneration],
-    benchmarks: Mapping[str, list[MathProblem]],
+    benchmarks: Mapping[str, Sequence[MathProblem] | ProblemSet],
     grader: Grader,
     *,
     origin: str,
@@ -254,14 +275,14 @@ def score_generations(
 ) -> ScoreResult:
     """Grade every generation against its problem's gold and aggregate.
 
-    ``benchmarks`` maps registry names to their loaded problems. A generation naming an unknown
-    benchmark or problem is an InputError that points at its line in ``origin``.
+    ``benchmarks`` maps names to problem sets (or registry names to their loaded problems). A
+    generation naming an unknown benchmark or problem is an InputError that points at its line
+    in ``origin``.
     """
-    index = {
-        name: {problem.id: problem for problem in problems} for name, problems in benchmarks.items()
-    }
+    sets = as_problem_sets(benchmarks)
+    index = {name: {p.id: p for p in problem_set.problems} for name, problem_set in sets.items()}
     golds = [_gold_of(numbered, index, origin) for numbered in generations]
-    formats = [get_benchmark(n.generation.benchmark).answer_format for n in generations]
+    formats = [sets[n.generation.benchmark].answer_format for n in generations]
     grades = grader.grade_many(
         [n.generation.response for n in generations],
         golds,
@@ -272,23 +293,44 @@ def score_generations(
         ScoredSample(generation=n.generation, grade=grade)
         for n, grade in zip(generations, grades, strict=True)
     ]
+    return aggregate_scores(
+        samples,
+        sets,
+        origin=origin,
+        boxed_fallback=grader.config.boxed_fallback,
+        timeout_s=grader.config.timeout_s,
+        ks=ks,
+    )
+
+
+def aggregate_scores(
+    samples: Sequence[ScoredSample],
+    sets: Mapping[str, ProblemSet],
+    *,
+    origin: str,
+    boxed_fallback: bool,
+    timeout_s: float,
+    ks: Sequence[int] | None = None,
+) -> ScoreResult:
+    """Per-problem and per-benchmark metrics of graded samples, in the order of ``sets`` (a set
+    without samples gets no row; within a problem, samples count in ``sample_index`` order)."""
     grouped: dict[str, dict[str, list[ScoredSample]]] = defaultdict(lambda: defaultdict(list))
     for sample in sorted(samples, key=lambda s: s.generation.sample_index):
         grouped[sample.generation.benchmark][sample.generation.problem_id].append(sample)
     benchmark_scores: list[BenchmarkScore] = []
     problem_scores: list[ProblemScore] = []
-    for name in sorted(grouped):
+    for name in [name for name in sets if name in grouped]:
         by_problem = grouped[name]
-        benchmark_scores.append(_score_benchmark(name, benchmarks[name], by_problem, ks))
+        benchmark_scores.append(_score_benchmark(sets[name], by_problem, ks))
         problem_scores += [
             _score_problem(problem, name, by_problem[problem.id])
-            for problem in benchmarks[name]
+            for problem in sets[name].problems
             if problem.id in by_problem
         ]
     report = ScoreReport(
         generations=origin,
-        boxed_fallback=grader.config.boxed_fallback,
-        timeout_s=grader.config.timeout_s,
+        boxed_fallback=boxed_fallback,
+        timeout_s=timeout_s,
         benchmarks=benchmark_scores,
     )
-    return ScoreResult(report=report, problems=problem_scores, samples=samples)
+    return ScoreResult(report=report, problems=problem_scores, samples=list(samples))

@@ -1,6 +1,10 @@
-"""OpenAIEngine beyond the conformance suite: text fallback, /metrics parsing, server faults."""
+"""OpenAIEngine beyond the conformance suite: text fallback, /metrics parsing, server faults,
+servers that refuse vLLM's extensions or return no log-probs."""
 
 from __future__ import annotations
+
+import asyncio
+import math
 
 import pytest
 from aiohttp import web
@@ -123,3 +127,74 @@ async def test_unreachable_server_is_an_error_result() -> None:
 def test_text_prompts_need_a_tokenizer() -> None:
     with pytest.raises(ValueError, match="needs the served model's tokenizer"):
         OpenAIEngine(OpenAIEngineConfig(base_url="http://x/v1", model="m", prompt_format="text"))
+
+
+@pytest.mark.asyncio
+async def test_completions_without_logprobs_are_accepted_when_not_required() -> None:
+    async def bare(request: web.Request) -> web.Response:
+        choice = {"text": "hi", "finish_reason": "stop", "token_ids": [1, 2], "logprobs": None}
+        return web.json_response({"choices": [choice]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", bare)
+    async with serve(app) as url:
+        config = OpenAIEngineConfig(base_url=url, model="m", metrics_url="", require_logprobs=False)
+        async with OpenAIEngine(config) as engine:
+            result = await engine.generate(ask())
+    assert (result.finish_reason, result.token_ids) == ("stop", (1, 2))
+    # Evaluation reads no log-probs; placeholders that cannot pass for real ones.
+    assert all(math.isnan(value) for value in result.logprobs)
+    assert len(result.logprobs) == 2
+
+
+OPENAI_FIELDS = {
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "logprobs",
+    "stop",
+    "seed",
+}
+
+
+@pytest.mark.asyncio
+async def test_server_refusing_unknown_fields_gets_openai_fields_only(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """Like `transformers serve`: 422 for any field outside the OpenAI API, 400 for token-id
+    prompts, completion text with the stop string removed and no log-probs."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    words = tokenizer.encode("The program printed 42.", add_special_tokens=False)
+    bodies: list[dict[str, object]] = []
+
+    async def strict(request: web.Request) -> web.Response:
+        body = await request.json()
+        bodies.append(body)
+        unexpected = set(body) - OPENAI_FIELDS
+        if unexpected:
+            return web.json_response({"detail": f"Unexpected fields {unexpected}"}, status=422)
+        if not isinstance(body["prompt"], str):
+            return web.json_response({"detail": "prompt must be a string."}, status=400)
+        choice = {"text": tokenizer.decode(words), "finish_reason": "stop", "logprobs": None}
+        return web.json_response({"choices": [choice]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", strict)
+    async with serve(app) as url:
+        config = OpenAIEngineConfig(base_url=url, model="m", metrics_url="", require_logprobs=False)
+        async with OpenAIEngine(config, tokenizer) as engine:
+            request = ask().model_copy(
+                update={"sampling": SamplingParams(max_new_tokens=32, stop_token_ids=(end,))}
+            )
+            # Concurrent first requests all find their way while the engine learns the dialect.
+            results = await asyncio.gather(*(engine.generate(request) for _ in range(4)))
+            later = len(bodies)
+            await engine.generate(request)
+    for result in results:
+        assert result.finish_reason == "stop"
+        assert result.token_ids == (*words, end)
+    assert set(bodies[-1]) <= OPENAI_FIELDS
+    assert isinstance(bodies[-1]["prompt"], str)
+    assert len(bodies) == later + 1  # once learnt, one request per generation

@@ -5,8 +5,13 @@ is sent as a list of token ids and the completion comes back as token ids (vLLM'
 ``return_token_ids``, or ``return_tokens_as_token_ids`` log-prob tokens), so nothing is
 re-tokenized. Servers that only take text get the decoded prompt and their completion text is
 re-encoded with the local tokenizer (``prompt_format="text"``); ``"auto"`` tries token ids first
-and falls back to text when the server rejects them. Sampling log-probs are required: a server
-that returns none fails the request.
+and falls back to text when the server rejects them. A text request the server rejects is retried
+once with the fields of the OpenAI API alone (no vLLM extensions such as ``stop_token_ids``), for
+servers that refuse unknown fields (``transformers serve``); that choice is remembered too.
+
+Sampling log-probs are required by default (RL trains on them): a server that returns none fails
+the request. Evaluation needs none: with ``require_logprobs=False`` such completions are accepted
+and their log-probs are NaN placeholders.
 
 vLLM reports raw-model log-probs unless started with ``--logprobs-mode processed_logprobs``; start
 it so for temperature-scaled log-probs matching what the trainer recomputes.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
@@ -60,6 +66,11 @@ class OpenAIEngineConfig(BaseModel):
     )
     request_timeout_s: float = Field(default=3600.0, gt=0)
     max_connections: int = Field(default=512, gt=0)
+    require_logprobs: bool = Field(
+        default=True,
+        description="Fail completions without sampling log-probs (RL needs them); False accepts "
+        "them with NaN log-probs (evaluation reads none).",
+    )
 
 
 class _RejectedError(Exception):
@@ -86,6 +97,7 @@ class OpenAIEngine(Engine):
         self.name = config.name
         self.tokenizer = tokenizer
         self._format: PromptFormat = config.prompt_format
+        self._openai_fields_only = False
         self._session: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task[None] | None = None
         self._stats: KVStats | None = None
@@ -157,13 +169,29 @@ class OpenAIEngine(Engine):
         return self._token_result(request, data)
 
     async def _text(self, request: GenerationRequest) -> GenerationResult:
+        openai_only = self._openai_fields_only
         try:
-            data = await self._complete(request, text=True)
+            data = await self._complete(request, text=True, openai_only=openai_only)
         except _RejectedError as rejected:
-            return GenerationResult.failed(request.request_id, f"server rejected: {rejected}")
+            if openai_only:
+                return GenerationResult.failed(request.request_id, f"server rejected: {rejected}")
+            # The server may refuse vLLM's extension fields: retry with the OpenAI API's alone.
+            try:
+                data = await self._complete(request, text=True, openai_only=True)
+            except _RejectedError as again:
+                return GenerationResult.failed(request.request_id, f"server rejected: {again}")
+            if not self._openai_fields_only:
+                logger.info(
+                    "%s: extension fields rejected (%s); sending OpenAI fields only",
+                    self.name,
+                    rejected,
+                )
+                self._openai_fields_only = True
         return self._text_result(request, data)
 
-    async def _complete(self, request: GenerationRequest, *, text: bool) -> dict[str, Any]:
+    async def _complete(
+        self, request: GenerationRequest, *, text: bool, openai_only: bool = False
+    ) -> dict[str, Any]:
         assert self._session is not None  # set by start()
         sampling = request.sampling
         body: dict[str, Any] = {
@@ -173,12 +201,15 @@ class OpenAIEngine(Engine):
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "logprobs": 0,
-            "stop_token_ids": list(sampling.stop_token_ids),
-            "skip_special_tokens": False,
-            "include_stop_str_in_output": True,
-            "return_tokens_as_token_ids": True,
-            "return_token_ids": True,
         }
+        if not openai_only:
+            body.update(
+                stop_token_ids=list(sampling.stop_token_ids),
+                skip_special_tokens=False,
+                include_stop_str_in_output=True,
+                return_tokens_as_token_ids=True,
+                return_token_ids=True,
+            )
         if text:
             body["stop"] = [self._decode([token]) for token in sampling.stop_token_ids] or None
         if sampling.seed is not None:
@@ -195,25 +226,32 @@ class OpenAIEngine(Engine):
     def _token_result(self, request: GenerationRequest, data: dict[str, Any]) -> GenerationResult:
         choice = data["choices"][0]
         logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
-        if logprobs is None:
+        if logprobs is None and self.config.require_logprobs:
             return GenerationResult.failed(
                 request.request_id, "the server returned no log-probs (request logprobs=0)"
             )
         token_ids = choice.get("token_ids")
         if token_ids is None:
-            tokens = choice["logprobs"].get("tokens") or []
+            tokens = (choice.get("logprobs") or {}).get("tokens") or []
             if not all(isinstance(t, str) and t.startswith(_TOKEN_ID_PREFIX) for t in tokens):
                 return GenerationResult.failed(
                     request.request_id, "the server returned neither token_ids nor token-id tokens"
                 )
             token_ids = [int(t.removeprefix(_TOKEN_ID_PREFIX)) for t in tokens]
+        if logprobs is None:
+            logprobs = [math.nan] * len(token_ids)
         return _result(request, token_ids, logprobs, choice.get("finish_reason"))
 
     def _text_result(self, request: GenerationRequest, data: dict[str, Any]) -> GenerationResult:
         assert self.tokenizer is not None
         choice = data["choices"][0]
-        logprobs = list((choice.get("logprobs") or {}).get("token_logprobs") or [])
+        reported = (choice.get("logprobs") or {}).get("token_logprobs")
+        if reported is None and self.config.require_logprobs:
+            return GenerationResult.failed(
+                request.request_id, "the server returned no log-probs (request logprobs=0)"
+            )
         token_ids: list[int] = self.tokenizer.encode(choice["text"], add_special_tokens=False)
+        logprobs = list(reported) if reported is not None else []
         stops = request.sampling.stop_token_ids
         ended = bool(token_ids) and token_ids[-1] in stops
         if choice.get("finish_reason") == "stop" and stops and not ended:
@@ -221,8 +259,10 @@ class OpenAIEngine(Engine):
             # log-prob is kept when the server reported it, else 0.0 (it is not trained on
             # differently: the rollout masks nothing by log-prob).
             token_ids.append(stops[0])
-            if len(logprobs) == len(token_ids) - 1:
+            if reported is not None and len(logprobs) == len(token_ids) - 1:
                 logprobs.append(0.0)
+        if reported is None:
+            logprobs = [math.nan] * len(token_ids)
         if len(logprobs) != len(token_ids):
             return GenerationResult.failed(
                 request.request_id,
