@@ -45,14 +45,20 @@ REQUIRED = {
 @pytest.fixture(scope="module")
 def rl_run(sft_run: Path, demo_data: DemoData, tmp_path_factory: pytest.TempPathFactory) -> Path:
     output = tmp_path_factory.mktemp("runs") / "rl"
-    run_stage(rl_config(demo_data, sft_run / "final", output, "schedule.warmup_steps=0"))
+    validation = (
+        f"rl.validation={{benchmarks: [demo={demo_data.problems}], at_start: true, "
+        "every_steps: 1, samples: 1, temperature: 0}"
+    )
+    run_stage(
+        rl_config(demo_data, sft_run / "final", output, "schedule.warmup_steps=0", validation)
+    )
     return output
 
 
 def test_every_step_logs_what_the_issue_asks(rl_run: Path) -> None:
     records = read_metrics(rl_run / "metrics.jsonl")
-    assert [r["step"] for r in records] == [1, 2]
-    for record in records:
+    assert [r["step"] for r in records] == [0, 1, 2]  # 0: validation before the first step
+    for record in records[1:]:
         assert set(record) >= REQUIRED, sorted(REQUIRED - set(record))
         assert record["rollouts/total"] == 18
         assert record["rollouts/failed"] == 0
@@ -60,7 +66,7 @@ def test_every_step_logs_what_the_issue_asks(rl_run: Path) -> None:
 
 
 def test_steps_update_the_policy_and_the_engines_follow(rl_run: Path, sft_run: Path) -> None:
-    records = read_metrics(rl_run / "metrics.jsonl")
+    records = read_metrics(rl_run / "metrics.jsonl")[1:]
     # Mixed groups were kept and trained on with a non-zero learning rate...
     assert records[0]["groups/kept"] >= 1
     assert records[0]["actor/trained_tokens"] > 0
@@ -90,3 +96,28 @@ def test_run_directory_holds_everything(rl_run: Path) -> None:
         "response_length.png",
         "tool_errors.png",
     }
+
+
+def test_validation_runs_on_the_trainers_engines(rl_run: Path) -> None:
+    records = read_metrics(rl_run / "metrics.jsonl")
+    # Before training, the SFT policy answers its three memorised problems greedily, calling
+    # the tool; every validation is logged with its step and kept in its own run directory.
+    assert records[0]["val/demo/avg@1"] == 1.0
+    assert records[0]["val/demo/tool_calls_per_rollout"] >= 1
+    for record in records:
+        assert 0 <= record["val/demo/avg@1"] <= 1
+        folder = rl_run / "validation" / f"step-{record['step']:06d}"
+        assert len((folder / "generations.jsonl").read_text().splitlines()) == 3
+        assert (folder / "run.json").is_file()
+
+
+def test_unknown_validation_benchmark_stops_before_training(
+    sft_run: Path, demo_data: DemoData, tmp_path: Path
+) -> None:
+    config = rl_config(
+        demo_data, sft_run / "final", tmp_path / "rl", "rl.validation={benchmarks: [aime42]}"
+    )
+    with pytest.raises(ValueError, match=r"rl\.validation\.benchmarks: unknown benchmark 'aime42'"):
+        run_stage(config)
+    assert read_metrics(tmp_path / "rl" / "metrics.jsonl") == []
+    assert not (tmp_path / "rl" / "checkpoints").exists()

@@ -10,11 +10,11 @@ from typing import Any
 from rstar2_data.jsonl import atomic_output
 
 # One figure per entry: file name, title, the metric keys drawn as glob patterns (missing keys
-# are skipped; "val/*/avg" draws one line per validation benchmark).
+# are skipped; "val/*/avg@*" draws one line per validation benchmark).
 FIGURES: Sequence[tuple[str, str, tuple[str, ...]]] = (
     ("loss", "Loss", ("train/loss", "val/loss")),
     ("reward", "Reward", ("reward/mean",)),
-    ("accuracy", "Accuracy", ("reward/accuracy", "val/*/avg")),
+    ("accuracy", "Accuracy", ("reward/accuracy", "val/*/avg@*")),
     ("response_length", "Response length (tokens)", ("response/length_mean",)),
     (
         "tool_errors",

@@ -30,6 +30,7 @@ from rstar2_train.rl.resources import (
 from rstar2_train.rl.rollouts import collect, rollout_seed
 from rstar2_train.rl.selection import select
 from rstar2_train.rl.update import policy_update, training_sequences
+from rstar2_train.rl.validation import Validator
 from rstar2_train.stage import StageRun
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,17 @@ class RLTrainer:
         order = DataOrder(len(problems), seed=config.seed, shuffle=config.data.shuffle)
         run.restore(actor, tokenizer, order)
         model_path = str(run.checkpoint) if run.checkpoint is not None else config.model.path
+        validator = (
+            Validator(
+                rl.validation,
+                config.rollout,
+                seed=config.seed,
+                total_steps=rl.steps,
+                out_dir=run.dir.validation,
+            )
+            if rl.validation is not None
+            else None
+        )
         engines = make_engines(rl.engines, model, model_path=model_path, seed=config.seed)
         grader = Grader(rl.grader)
         async with rollout_resources(engines, make_sandbox(rl.sandbox), grader) as resources:
@@ -73,6 +85,24 @@ class RLTrainer:
             scheduler = RolloutScheduler(resources.engines, rl.scheduler)
             pad = int(tokenizer.pad_token_id or 0)
             run.reporter.start(f"rl {config.name}", rl.steps, run.start_step)
+
+            async def validate(step: int) -> dict[str, float]:
+                if validator is None or not validator.due(step):
+                    return {}
+                run.reporter.phase("validation")
+                return await validator.run(
+                    step,
+                    resources=resources,
+                    tokenizer=tokenizer,
+                    chat=config.chat,
+                    label=config.name,
+                )
+
+            # A kill after the start's validation was logged must not log it twice.
+            if run.start_step == 0 and not any(r["step"] == 0 for r in run.metrics.records):
+                initial = await validate(0)
+                if initial:
+                    run.metrics.write(0, initial)
             for step in range(run.start_step + 1, rl.steps + 1):
                 metrics = await self._step(
                     step,
@@ -83,6 +113,7 @@ class RLTrainer:
                     resources=resources,
                     pad=pad,
                 )
+                metrics.update(await validate(step))
                 run.after_step(step, rl.steps, metrics)
         return run.finish(rl.steps)
 
