@@ -98,7 +98,7 @@ def test_bad_transcripts_say_what_is_wrong(tokenizer: PreTrainedTokenizerFast) -
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("failure", [None])
+@pytest.mark.parametrize("failure", [None, "missing_stdin", "name_typo"])
 async def test_equals_a_rollout_that_makes_the_same_turns(
     tokenizer: PreTrainedTokenizerFast, model: Qwen2ForCausalLM, failure: str | None
 ) -> None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import linecache
 import sys
 import traceback
 
 from pydantic import BaseModel, ConfigDict
 
-_FILENAME = "<string>"
+# rstar2-sandbox's name for the program, so SFT traces show the tracebacks rollouts get.
+_FILENAME = "main.py"
 
 
 class Execution(BaseModel):
@@ -28,18 +30,14 @@ class Execution(BaseModel):
 
 
 def _format_error(error: BaseException) -> str:
-    """A traceback of the program's own frames only, as the Python interpreter prints it.
+    """The traceback the sandbox shows: from the program's first frame, with its source lines.
 
     Frames of this module are dropped so the text does not depend on where rstar2 is installed.
     """
-    summary = traceback.TracebackException.from_exception(error)
-    frames = [frame for frame in summary.stack if frame.filename == _FILENAME]
-    lines = []
-    if frames:
-        lines.append("Traceback (most recent call last):\n")
-        lines.extend(f'  File "{_FILENAME}", line {f.lineno}, in {f.name}\n' for f in frames)
-    lines.extend(summary.format_exception_only())
-    return "".join(lines)
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != _FILENAME:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(error), error, tb))
 
 
 def run_python(code: str, stdin: str = "") -> Execution:
@@ -47,6 +45,9 @@ def run_python(code: str, stdin: str = "") -> Execution:
     stdout = io.StringIO()
     saved_stdin = sys.stdin
     sys.stdin = io.StringIO(stdin)
+    # Tracebacks quote the program's lines from here, as in the sandbox.
+    saved_source = linecache.cache.get(_FILENAME)
+    linecache.cache[_FILENAME] = (len(code), None, code.splitlines(True), _FILENAME)
     try:
         with contextlib.redirect_stdout(stdout):
             exec(compile(code, _FILENAME, "exec"), {"__name__": "__main__"})
@@ -54,4 +55,8 @@ def run_python(code: str, stdin: str = "") -> Execution:
         return Execution(ok=False, stdout=stdout.getvalue(), stderr=_format_error(error))
     finally:
         sys.stdin = saved_stdin
+        if saved_source is None:
+            linecache.cache.pop(_FILENAME, None)
+        else:
+            linecache.cache[_FILENAME] = saved_source
     return Execution(ok=True, stdout=stdout.getvalue(), stderr="")
