@@ -71,9 +71,9 @@ def wheels(session: nox.Session) -> None:
 
     The sandbox wheel goes alone into a fresh, bare virtual environment (no torch, no workspace)
     and must import, answer ``--help`` and serve from there: the proof that
-    ``pip install rstar2-sandbox`` works on its own. The data, scheduler and eval wheels then go
-    into a second bare environment, with their rstar2 dependencies (sandbox, algo) taken from the
-    built wheels only, and each command-line tool must start.
+    ``pip install rstar2-sandbox`` works on its own. The data, scheduler, eval and train wheels
+    then go into a second bare environment, with their rstar2 dependencies taken from the built
+    wheels only, and each command-line tool must start.
     """
     shutil.rmtree(DIST, ignore_errors=True)
     session.run("uv", "build", "--all-packages", "--no-sources", "--out-dir", str(DIST))
@@ -94,7 +94,7 @@ def wheels(session: nox.Session) -> None:
     session.run(command, "--help", env=env, external=True)
     _serve_and_probe(session, command, env)
 
-    with_clis = ["rstar2-data", "rstar2-scheduler", "rstar2-eval"]
+    with_clis = ["rstar2-data", "rstar2-scheduler", "rstar2-eval", "rstar2-train"]
     python, env = _bare_venv(session, "bare-clis")
     needed = ["rstar2-sandbox", "rstar2-algo", *with_clis]
     session.run("uv", "pip", "install", "--python", python, *(wheel[p] for p in needed), env=env)
