@@ -16,25 +16,24 @@ def sample_next(
     The log-prob is the log-softmax of the temperature-scaled logits at the sampled token (of the
     plain logits when greedy, temperature 0): what the trainer recomputes for the same tokens.
     Top-p restricts which tokens can be drawn but does not renormalize the reported log-prob.
+    Each row draws from its own generator, so a row's tokens do not depend on its batch.
     """
+    # Scaling and the log-softmax run on the whole batch at once; only the draw is per row
+    # (one generator each): on a small model the per-row ops were a sixth of a decode step.
+    scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures], dtype=torch.float32)
+    log_probs = torch.log_softmax(logits.float() / scale.to(logits.device).unsqueeze(-1), dim=-1)
+    probs = log_probs.exp()
     tokens: list[int] = []
-    logprobs: list[float] = []
-    logits = logits.float()
     for row, (temperature, top_p, generator) in enumerate(
         zip(temperatures, top_ps, generators, strict=True)
     ):
-        scaled = logits[row] / temperature if temperature > 0 else logits[row]
-        log_probs = torch.log_softmax(scaled, dim=-1)
         if temperature == 0:
-            token = int(torch.argmax(log_probs))
-        else:
-            probs = log_probs.exp()
-            if top_p < 1.0:
-                probs = _nucleus(probs, top_p)
-            token = int(torch.multinomial(probs, 1, generator=generator))
-        tokens.append(token)
-        logprobs.append(float(log_probs[token]))
-    return tokens, logprobs
+            tokens.append(int(torch.argmax(log_probs[row])))
+            continue
+        row_probs = _nucleus(probs[row], top_p) if top_p < 1.0 else probs[row]
+        tokens.append(int(torch.multinomial(row_probs, 1, generator=generator)))
+    index = torch.tensor(tokens, dtype=torch.long, device=log_probs.device).unsqueeze(-1)
+    return tokens, log_probs.gather(-1, index).squeeze(-1).tolist()
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
