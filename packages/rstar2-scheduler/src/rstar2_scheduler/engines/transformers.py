@@ -166,7 +166,8 @@ class TransformersEngine(Engine):
         await self.start()
         assert self._wakeup is not None  # set by start()
         seed = request.sampling.seed
-        generator = torch.Generator().manual_seed(
+        # On the model's device: torch.multinomial draws with a generator of the probs' device.
+        generator = torch.Generator(device=self._device).manual_seed(
             seed if seed is not None else self._rng.getrandbits(63)
         )
         row = _Row(request, asyncio.get_running_loop().create_future(), generator)
