@@ -49,6 +49,16 @@ def test_demo_sft_recipe_builds_transcripts(tmp_path: Path) -> None:
     assert 0.2 < len(failing) / len(rows) < 0.3
 
 
+def test_demo_training_and_heldout_recipes_share_no_problem(tmp_path: Path) -> None:
+    build(load_recipe("demo"), tmp_path / "train", progress=False)
+    build(load_recipe("demo-heldout"), tmp_path / "heldout", progress=False)
+    train = [r for r in load_built(tmp_path / "train") if isinstance(r, MathProblem)]
+    heldout = [r for r in load_built(tmp_path / "heldout") if isinstance(r, MathProblem)]
+    assert 180 < len(heldout) <= 200  # dedup drops repeats of the small level-1 spaces
+    assert {r.problem for r in train}.isdisjoint({r.problem for r in heldout})
+    assert {r.metadata["family"] for r in heldout} == {r.metadata["family"] for r in train}
+
+
 def bench_rows(name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (BENCHMARKS / name).read_text().splitlines()]
 
@@ -263,7 +273,7 @@ def test_recipe_errors_are_precise(tmp_path: Path, body: str, message: str) -> N
 
 def test_shipped_recipes_validate(tmp_path: Path) -> None:
     names = set(shipped_recipes())
-    assert {"demo", "demo-sft", "sft-nonreasoning", "rl-math", "rl-hard"} <= names
+    assert {"demo", "demo-sft", "demo-heldout", "sft-nonreasoning", "rl-math", "rl-hard"} <= names
     for name in names - {"rl-hard"}:
         assert load_recipe(name).name == name
     problems = write_jsonl(tmp_path / "p.jsonl", [])

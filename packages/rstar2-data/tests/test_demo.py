@@ -12,6 +12,7 @@ from rstar2_data.demo import (
     demo_transcripts,
     generate_tasks,
     run_python,
+    task_split,
     to_transcript,
 )
 from rstar2_data.demo.tasks import _prime_count
@@ -147,3 +148,29 @@ def test_runner_reports_errors_without_install_paths() -> None:
     assert lines[-1] == "ZeroDivisionError: division by zero"
     assert "rstar2_data" not in result.stderr
     assert run_python("print(input()[::-1])", "abc\n").stdout == "cba\n"
+
+
+def test_train_and_heldout_splits_are_disjoint_and_fixed_by_the_problem() -> None:
+    train = generate_tasks(400, seed=0, split="train")
+    heldout = generate_tasks(100, seed=1, split="heldout")
+    assert len(train) == 400
+    assert len(heldout) == 100
+    assert {(t.family, t.stdin) for t in train}.isdisjoint({(t.family, t.stdin) for t in heldout})
+    assert all(task_split(t) == "train" for t in train)
+    assert all(task_split(t) == "heldout" for t in heldout)
+    # The partition holds out about the configured share of all draws.
+    drawn = generate_tasks(2000, seed=3)
+    share = sum(task_split(t) == "heldout" for t in drawn) / len(drawn)
+    assert 0.07 < share < 0.13
+    # Problem ids say which split they come from; transcripts follow the same split.
+    assert demo_problems(2, seed=1, split="heldout")[0].id == "demo-heldout-1-0"
+    sft = demo_transcripts(50, seed=0, split="train")
+    assert all(task_split(t) == "train" for t in generate_tasks(50, seed=0, split="train"))
+    assert len(sft) == 50
+
+
+def test_split_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="split must be"):
+        generate_tasks(1, seed=0, split="test")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="heldout_share"):
+        generate_tasks(1, seed=0, heldout_share=1.0)

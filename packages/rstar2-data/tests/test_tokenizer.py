@@ -55,3 +55,34 @@ def test_rejects_a_vocab_too_small_and_duplicate_specials(corpus: list[str]) -> 
         build_tokenizer(corpus, special_tokens=SPECIALS, vocab_size=260)
     with pytest.raises(ValueError, match="duplicates"):
         build_tokenizer(corpus, special_tokens=["<a>", "<a>"])
+
+
+@pytest.fixture(scope="module")
+def compact(corpus: list[str]) -> Tokenizer:
+    return build_tokenizer(
+        corpus, special_tokens=SPECIALS, vocab_size=600, pre_split="lines", split_digits=True
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_lines_and_digit_splitting_still_round_trip(compact: Tokenizer, text: str) -> None:
+    ids = compact.encode(text, add_special_tokens=False).ids
+    assert compact.decode(ids, skip_special_tokens=False) == text
+
+
+def test_lines_mode_merges_across_words_and_digits_stay_single(
+    corpus: list[str], tokenizer: Tokenizer, compact: Tokenizer
+) -> None:
+    line = "A sieve of Eratosthenes up to the upper bound counts them quickly."
+    assert len(compact.encode(line).ids) < len(tokenizer.encode(line).ids)
+    digits = compact.encode("print(123456)").tokens
+    assert [t for t in digits if any(c.isdigit() for c in t)] == list("123456")
+    assert sum(len(compact.encode(t).ids) for t in corpus) < sum(
+        len(tokenizer.encode(t).ids) for t in corpus
+    )
+
+
+def test_rejects_an_unknown_pre_split(corpus: list[str]) -> None:
+    with pytest.raises(ValueError, match="pre_split"):
+        build_tokenizer(corpus, special_tokens=SPECIALS, pre_split="sentences")  # type: ignore[arg-type]

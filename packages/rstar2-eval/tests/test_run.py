@@ -240,7 +240,9 @@ def test_endpoint_gives_the_same_answers_as_in_process(
     assert len(remote) == 4
     for key, row in remote.items():
         assert row["response"] == local[key]["response"], key
-        assert row["response_tokens"] == local[key]["response_tokens"], key
+        # The server returns text, which rstar2 re-encodes: a budget-cut tail may split into
+        # one token more or less than the ids the in-process engine produced.
+        assert abs(row["response_tokens"] - local[key]["response_tokens"]) <= 1, key
     record = json.loads((out / "run.json").read_text())
     assert record["spec"]["model"] == {
         "kind": "endpoint",

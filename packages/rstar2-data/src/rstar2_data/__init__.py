@@ -21,7 +21,7 @@ from rstar2_data.schemas import (
     Role,
     ToolCall,
 )
-from rstar2_data.tokenizer import DEFAULT_VOCAB_SIZE, build_tokenizer
+from rstar2_data.tokenizer import DEFAULT_VOCAB_SIZE, PreSplit, build_tokenizer
 from rstar2_data.tools import (
     PYTHON_TOOL_NAME,
     RELEASE_PYTHON_TOOL_NAME,
@@ -47,6 +47,7 @@ __all__ = [
     "GradedSample",
     "Manifest",
     "MathProblem",
+    "PreSplit",
     "Recipe",
     "RecipeError",
     "Role",

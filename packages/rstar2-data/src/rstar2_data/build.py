@@ -151,7 +151,12 @@ def _demo_rows(spec: SourceSpec, recipe: Recipe) -> list[Row]:
     if recipe.kind == "math":
         return list(
             demo_problems(
-                options.n, seed=recipe.seed, levels=options.levels, families=options.families
+                options.n,
+                seed=recipe.seed,
+                levels=options.levels,
+                families=options.families,
+                split=options.split,
+                heldout_share=options.heldout_share,
             )
         )
     return list(
@@ -161,6 +166,8 @@ def _demo_rows(spec: SourceSpec, recipe: Recipe) -> list[Row]:
             levels=options.levels,
             families=options.families,
             failure_share=options.failure_share,
+            split=options.split,
+            heldout_share=options.heldout_share,
         )
     )
 

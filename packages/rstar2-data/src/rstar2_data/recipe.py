@@ -24,6 +24,7 @@ from pydantic import (
 
 from rstar2_data.converters import CONVERTERS, get_converter
 from rstar2_data.converters.base import RowKind
+from rstar2_data.demo.generator import DEFAULT_HELDOUT_SHARE, Split
 from rstar2_data.demo.tasks import FAMILIES, Level
 from rstar2_data.filters import DEFAULT_MAX_ABS, DEFAULT_NGRAM, DedupMode
 
@@ -63,6 +64,14 @@ class DemoOptions(_Strict):
     levels: tuple[Level, ...] = (1, 2, 3)
     families: tuple[str, ...] = tuple(FAMILIES)
     failure_share: float = Field(default=0.25, ge=0, le=1)
+    split: Split = Field(
+        default="all",
+        description="train or heldout: one side of a fixed hash partition of the problems, so "
+        "a training recipe and a held-out recipe never share a problem; all: every draw.",
+    )
+    heldout_share: float = Field(
+        default=DEFAULT_HELDOUT_SHARE, gt=0, lt=1, description="Share of problems held out."
+    )
 
     @field_validator("families")
     @classmethod

@@ -11,7 +11,7 @@ import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import PreTrainedModel
@@ -39,6 +39,37 @@ class UpdateStats:
     """The gradient was not finite: no update was applied."""
     metrics: dict[str, float]
     """The loss function's metrics, weighted by each micro-batch's trained tokens."""
+
+
+class TrainingActor(Protocol):
+    """What the SFT and RL trainers drive: ``Actor`` in this process, or a ``DistributedActor``
+    over data-parallel ranks (``rstar2_train.placement``)."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where the caller builds micro-batches and the tensors its loss functions use."""
+
+    @property
+    def lr(self) -> float: ...
+
+    def logprobs(
+        self, batches: Sequence[MicroBatch], *, temperature: float
+    ) -> list[torch.Tensor]: ...
+
+    def update(
+        self, batches: Sequence[MicroBatch], loss_fn: LossFn, *, temperature: float = 1.0
+    ) -> UpdateStats: ...
+
+    def skip(self) -> None: ...
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+    def export_model(self) -> PreTrainedModel:
+        """A Hugging Face model holding the current full weights (for checkpoints)."""
+
+    def optimizer_state(self) -> dict[str, Any]: ...
+
+    def load_optimizer_state(self, state: dict[str, Any], *, resume: bool) -> None: ...
 
 
 def make_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.optim.AdamW:
@@ -88,10 +119,14 @@ class Actor:
     ) -> None:
         self.model = model
         self.model.train()
-        self.device = next(model.parameters()).device
+        self._device = next(model.parameters()).device
         self.grad_clip = optimizer.grad_clip
         self.optimizer = make_optimizer(model, optimizer)
         self.schedule = make_schedule(self.optimizer, schedule, total_steps)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
 
     @property
     def lr(self) -> float:
@@ -139,6 +174,9 @@ class Actor:
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full weights by ``state_dict`` name, for the engines."""
         yield from self.model.state_dict().items()
+
+    def export_model(self) -> PreTrainedModel:
+        return self.model
 
     def optimizer_state(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict()}

@@ -68,7 +68,11 @@ def train_tokenizer(texts: Iterable[str], training: TokenizerTraining) -> PreTra
     text (system prompt, tool schema) compresses into few tokens.
     """
     tokenizer = build_tokenizer(
-        texts, special_tokens=[EOS, *SPECIAL_TOKENS], vocab_size=training.vocab_size
+        texts,
+        special_tokens=[EOS, *SPECIAL_TOKENS],
+        vocab_size=training.vocab_size,
+        pre_split=training.pre_split,
+        split_digits=training.split_digits,
     )
     fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # untyped in transformers
         tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rstar2_train.actor import Actor
+from rstar2_train.actor import TrainingActor
 from rstar2_train.checkpoint import (
     TrainerState,
     list_checkpoints,
@@ -55,7 +55,7 @@ class StageRun:
             read_state(self.checkpoint) if self.checkpoint is not None else None
         )
         self.start_step = self.state.step if self.state is not None else 0
-        self._training: tuple[Actor, PreTrainedTokenizerBase, DataOrder] | None = None
+        self._training: tuple[TrainingActor, PreTrainedTokenizerBase, DataOrder] | None = None
         if self.checkpoint is not None:
             logger.info("resuming %s from %s", config.name, self.checkpoint)
         elif resume:
@@ -98,7 +98,9 @@ class StageRun:
         model.to(self.device)  # type: ignore[arg-type]  # transformers' stub of .to is wrong
         return model
 
-    def restore(self, actor: Actor, tokenizer: PreTrainedTokenizerBase, order: DataOrder) -> None:
+    def restore(
+        self, actor: TrainingActor, tokenizer: PreTrainedTokenizerBase, order: DataOrder
+    ) -> None:
         """Optimizer, schedule, data position and RNG of the checkpoint being resumed; or the
         previous stage's optimizer moments when the config asks for them. ``save`` writes
         these objects from now on."""
@@ -129,7 +131,7 @@ class StageRun:
         folder = self.dir.final if final else step_folder(self.dir.checkpoints, step)
         save_checkpoint(
             folder,
-            model=actor.model,
+            model=actor.export_model(),
             tokenizer=tokenizer,
             optimizer_state=actor.optimizer_state(),
             state=state,

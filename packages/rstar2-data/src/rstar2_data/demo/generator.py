@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from rstar2_data.demo.runner import Execution, run_python
 from rstar2_data.demo.tasks import FAMILIES, LEVELS, Level, TaskInstance
@@ -12,6 +14,22 @@ from rstar2_data.tools import PYTHON_TOOL_NAME, python_tool_arguments, python_to
 
 DEMO_SOURCE = "rstar2/demo"
 ToolResponseFormatter = Callable[[Execution], str]
+Split = Literal["all", "train", "heldout"]
+SPLITS: tuple[Split, ...] = ("all", "train", "heldout")
+DEFAULT_HELDOUT_SHARE = 0.1
+# Rejection sampling for a split: this many draws per wanted problem before giving up.
+_DRAWS_PER_ROW = 1000
+
+
+def task_split(task: TaskInstance, heldout_share: float = DEFAULT_HELDOUT_SHARE) -> Split:
+    """``heldout`` or ``train``, from a hash of the problem itself (family and numbers).
+
+    The partition depends on nothing else (not the seed, the count or the other problems), so
+    a held-out set and any training set drawn with the same share never share a problem.
+    """
+    digest = hashlib.sha256(f"{task.family}|{task.stdin}".encode()).digest()
+    fraction = int.from_bytes(digest[:8], "big") / 2**64
+    return "heldout" if fraction < heldout_share else "train"
 
 
 def plain_tool_response(execution: Execution) -> str:
@@ -25,8 +43,14 @@ def generate_tasks(
     seed: int,
     levels: Sequence[Level] = LEVELS,
     families: Sequence[str] | None = None,
+    split: Split = "all",
+    heldout_share: float = DEFAULT_HELDOUT_SHARE,
 ) -> list[TaskInstance]:
-    """``n`` problems drawn uniformly over the given families and levels; same seed, same list."""
+    """``n`` problems drawn uniformly over the given families and levels; same seed, same list.
+
+    ``split`` keeps only the problems of one side of ``task_split`` (``all``: every draw), so a
+    ``train`` and a ``heldout`` list are disjoint whatever their seeds.
+    """
     names = list(families) if families is not None else list(FAMILIES)
     unknown = sorted(set(names) - set(FAMILIES))
     if unknown:
@@ -35,8 +59,21 @@ def generate_tasks(
         raise ValueError("demo generation needs at least one family and one level")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if not 0.0 < heldout_share < 1.0:
+        raise ValueError(f"heldout_share must be in (0, 1), got {heldout_share}")
     rng = random.Random(seed)
-    return [FAMILIES[rng.choice(names)](rng, rng.choice(list(levels))) for _ in range(n)]
+    tasks: list[TaskInstance] = []
+    for _ in range(_DRAWS_PER_ROW * max(n, 1)):
+        if len(tasks) == n:
+            return tasks
+        task = FAMILIES[rng.choice(names)](rng, rng.choice(list(levels)))
+        if split == "all" or task_split(task, heldout_share) == split:
+            tasks.append(task)
+    raise ValueError(
+        f"could not draw {n} {split} problems from families {names} at levels {list(levels)}"
+    )
 
 
 def to_problem(task: TaskInstance, *, problem_id: str) -> MathProblem:
@@ -57,10 +94,15 @@ def demo_problems(
     seed: int,
     levels: Sequence[Level] = LEVELS,
     families: Sequence[str] | None = None,
+    split: Split = "all",
+    heldout_share: float = DEFAULT_HELDOUT_SHARE,
 ) -> list[MathProblem]:
-    """``n`` seeded demo problems as ``MathProblem`` rows."""
-    tasks = generate_tasks(n, seed=seed, levels=levels, families=families)
-    return [to_problem(task, problem_id=f"demo-{seed}-{i}") for i, task in enumerate(tasks)]
+    """``n`` seeded demo problems as ``MathProblem`` rows (``split``: see ``generate_tasks``)."""
+    tasks = generate_tasks(
+        n, seed=seed, levels=levels, families=families, split=split, heldout_share=heldout_share
+    )
+    prefix = "demo" if split == "all" else f"demo-{split}"
+    return [to_problem(task, problem_id=f"{prefix}-{seed}-{i}") for i, task in enumerate(tasks)]
 
 
 # A planted bug, the reasoning that notices it, and how to break the call: (code, stdin) -> call.
@@ -159,15 +201,19 @@ def demo_transcripts(
     families: Sequence[str] | None = None,
     failure_share: float = 0.25,
     tool_response: ToolResponseFormatter = plain_tool_response,
+    split: Split = "all",
+    heldout_share: float = DEFAULT_HELDOUT_SHARE,
 ) -> list[ChatExample]:
     """``n`` seeded transcripts; ``round(failure_share * n)`` of them recover from a failed call.
 
     ``tool_response`` renders an execution as the tool message text, so a caller can match its
-    rollout's tool-response format exactly.
+    rollout's tool-response format exactly. ``split``: see ``generate_tasks``.
     """
     if not 0.0 <= failure_share <= 1.0:
         raise ValueError(f"failure_share must be in [0, 1], got {failure_share}")
-    tasks = generate_tasks(n, seed=seed, levels=levels, families=families)
+    tasks = generate_tasks(
+        n, seed=seed, levels=levels, families=families, split=split, heldout_share=heldout_share
+    )
     rng = random.Random(f"{seed}:failures")
     failing = set(rng.sample(range(n), round(failure_share * n)))
     modes = sorted(_FAILURES)

@@ -77,6 +77,14 @@ class TokenizerTraining(_Section):
     samples: int | None = Field(
         default=None, gt=0, description="Train on the first N rows only (None: all)."
     )
+    pre_split: Literal["words", "lines"] = Field(
+        default="words",
+        description="words: merges stay inside words; lines: merges may span a whole line, so "
+        "fixed text (system prompt, tool schema, programs) becomes a few tokens.",
+    )
+    split_digits: bool = Field(
+        default=False, description="One token per digit (numbers are copied digit by digit)."
+    )
 
 
 class TokenizerConfig(_Section):
@@ -291,6 +299,95 @@ class ValidationConfig(_Section):
     limit: int | None = Field(default=None, gt=0, description="Problems per benchmark.")
 
 
+class FSDPConfig(_Section):
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``) options of the trainer ranks."""
+
+    param_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        default=None,
+        description="Mixed precision: dtype of the gathered parameters in forward/backward "
+        "(the sharded master weights stay float32); None: no mixed precision.",
+    )
+    reduce_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="Mixed precision: dtype of the gradient reduce-scatter."
+    )
+    reshard_after_forward: bool = Field(
+        default=True, description="Free gathered parameters after forward (ZeRO-3); else ZeRO-2."
+    )
+    activation_checkpointing: bool = Field(
+        default=False, description="Recompute each decoder layer's activations in backward."
+    )
+
+
+class TrainerPlacement(_Section):
+    """The data-parallel trainer: one Ray actor per rank, torch.distributed between them."""
+
+    ranks: int = Field(default=1, gt=0, description="Trainer ranks (one per GPU on GPUs).")
+    cpus: float = Field(default=1, ge=0, description="CPUs per rank (also its torch threads).")
+    gpus: float = Field(default=0, ge=0, description="GPUs per rank (0: CPU ranks over gloo).")
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        default="auto", description="auto: nccl when ranks have GPUs, else gloo."
+    )
+    fsdp: FSDPConfig = Field(default_factory=FSDPConfig)
+    bucket_mb: int = Field(
+        default=512, gt=0, description="Weight sync: megabytes per bucket put in the object store."
+    )
+
+
+class EnginePlacement(_Section):
+    """Resources of each inference-engine actor (rl.engines.count of them)."""
+
+    cpus: float = Field(default=1, ge=0)
+    gpus: float = Field(
+        default=0, ge=0, description="GPUs per engine (vllm: its tensor_parallel_size)."
+    )
+
+
+class SandboxPlacement(_Section):
+    """The rstar2-sandbox service as Ray-placed processes (used unless rl.sandbox.url is set)."""
+
+    servers: int = Field(
+        default=1, ge=0, description="Fork-servers of the front end (single node) or per worker."
+    )
+    workers: int = Field(
+        default=0,
+        ge=0,
+        description="Cluster mode: worker processes behind a Redis queue (needs redis_url and "
+        "the sandbox's cluster extra); 0: one single-node service.",
+    )
+    redis_url: str | None = Field(default=None, description="Cluster mode: the Redis queue.")
+    cpus: float = Field(default=1, ge=0, description="CPUs per sandbox process.")
+
+    @model_validator(mode="after")
+    def _cluster(self) -> Self:
+        if self.workers and self.redis_url is None:
+            raise ValueError("placement.sandbox.workers needs placement.sandbox.redis_url")
+        return self
+
+
+class PlacementConfig(_Section):
+    """Ray placement of an RL stage: trainer ranks, engines and the sandbox as actors."""
+
+    ray_address: str | None = Field(
+        default=None,
+        description="Ray cluster to join (e.g. auto, ray://head:10001); None: RAY_ADDRESS, else "
+        "a local cluster started for the stage.",
+    )
+    mode: Literal["split", "colocated"] = Field(
+        default="split",
+        description="split: engines and trainer on separate resources; colocated: they share "
+        "them and engines sleep() during the update.",
+    )
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        default="PACK", description="Ray placement-group strategy over all bundles."
+    )
+    local_cpus: int | None = Field(
+        default=None, gt=0, description="CPUs of a local cluster started for the stage."
+    )
+    trainer: TrainerPlacement = Field(default_factory=TrainerPlacement)
+    engines: EnginePlacement = Field(default_factory=EnginePlacement)
+    sandbox: SandboxPlacement = Field(default_factory=SandboxPlacement)
+
+
 class RLConfig(_Section):
     """GRPO-RoC."""
 
@@ -350,6 +447,11 @@ class StageConfig(_Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     sft: SFTConfig | None = None
     rl: RLConfig | None = None
+    placement: PlacementConfig | None = Field(
+        default=None,
+        description="RL: run trainer ranks, engines and the sandbox as Ray actors; None: in "
+        "this process (unless RAY_ADDRESS is set).",
+    )
 
     @model_validator(mode="after")
     def _sections_match_kind(self) -> Self:
@@ -364,6 +466,16 @@ class StageConfig(_Section):
             )
         if self.tokenizer.train is not None and self.model.init is None:
             raise ValueError("tokenizer.train needs model.init (a new model for a new vocabulary)")
+        placement = self.placement
+        if placement is not None:
+            if self.rl is None:
+                raise ValueError("placement: Ray placement runs RL stages only (kind rl)")
+            engines, ranks = self.rl.engines.count, placement.trainer.ranks
+            if placement.mode == "colocated" and engines != ranks:
+                raise ValueError(
+                    "placement.mode colocated shares each rank's resources with one engine: "
+                    f"rl.engines.count ({engines}) must equal placement.trainer.ranks ({ranks})"
+                )
         return self
 
     @property

@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 from transformers import PreTrainedModel
 
@@ -21,7 +22,8 @@ from rstar2_scheduler import (
     VLLMEngine,
     VLLMEngineConfig,
 )
-from rstar2_train.config.schema import EnginesConfig, SandboxConfig
+from rstar2_train.actor import Actor, TrainingActor
+from rstar2_train.config.schema import EnginesConfig, SandboxConfig, StageConfig
 from rstar2_train.modeling import resolve_device
 
 logger = logging.getLogger(__name__)
@@ -90,3 +92,34 @@ async def rollout_resources(
         for engine in engines:
             await engine.start()
         yield RolloutResources(engines, sandbox, grader)
+
+
+@dataclass
+class TrainingSide:
+    """The trainer, its engines and the sandbox: in this process, or placed on Ray."""
+
+    actor: TrainingActor
+    engines: list[Engine]
+    sandbox: Sandbox
+    mode: Literal["local", "split", "colocated"]
+
+
+@asynccontextmanager
+async def training_side(
+    config: StageConfig, model: PreTrainedModel, *, model_path: str | None, total_steps: int
+) -> AsyncIterator[TrainingSide]:
+    """Everything but the grader, per the stage's ``placement`` (or RAY_ADDRESS)."""
+    from rstar2_train.placement.stage import placed_stage, stage_placement
+
+    rl = config.rl
+    assert rl is not None
+    placement = stage_placement(config)
+    if placement is None:
+        actor = Actor(model, config.optimizer, config.schedule, total_steps=total_steps)
+        engines = make_engines(rl.engines, model, model_path=model_path, seed=config.seed)
+        yield TrainingSide(actor, engines, make_sandbox(rl.sandbox), "local")
+        return
+    async with placed_stage(
+        config, placement, model, model_path=model_path, total_steps=total_steps
+    ) as placed:
+        yield TrainingSide(placed.actor, placed.engines, placed.sandbox, placement.mode)

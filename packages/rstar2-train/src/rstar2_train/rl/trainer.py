@@ -16,17 +16,13 @@ from pathlib import Path
 from rstar2_data import MathProblem
 from rstar2_eval import Grader
 from rstar2_scheduler import RolloutRunner, RolloutScheduler
-from rstar2_train.actor import Actor
+from rstar2_train.actor import TrainingActor
 from rstar2_train.config.schema import RLConfig, StageConfig
 from rstar2_train.data import DataOrder, load_rows
 from rstar2_train.modeling import bootstrap_chat
+from rstar2_train.placement.engines import ray_engines, sync_weights
 from rstar2_train.rl.report import rollout_metrics, write_samples
-from rstar2_train.rl.resources import (
-    RolloutResources,
-    make_engines,
-    make_sandbox,
-    rollout_resources,
-)
+from rstar2_train.rl.resources import RolloutResources, rollout_resources, training_side
 from rstar2_train.rl.rollouts import collect, rollout_seed
 from rstar2_train.rl.selection import select
 from rstar2_train.rl.update import policy_update, training_sequences
@@ -44,6 +40,7 @@ class RLTrainer:
         self.config: StageConfig = run.config
         assert self.config.rl is not None
         self.rl: RLConfig = self.config.rl
+        self.colocated = False
 
     def _prompt_texts(self, problems: list[MathProblem]) -> list[str]:
         training = self.config.tokenizer.train
@@ -61,11 +58,7 @@ class RLTrainer:
         problems = load_rows(config.data.train, "math", run.dir.data)
         tokenizer = run.tokenizer(lambda: self._prompt_texts(problems))
         model = run.model(tokenizer)
-        actor = Actor(
-            model, config.optimizer, config.schedule, total_steps=rl.steps * rl.ppo_mini_batches
-        )
         order = DataOrder(len(problems), seed=config.seed, shuffle=config.data.shuffle)
-        run.restore(actor, tokenizer, order)
         model_path = str(run.checkpoint) if run.checkpoint is not None else config.model.path
         validator = (
             Validator(
@@ -78,9 +71,15 @@ class RLTrainer:
             if rl.validation is not None
             else None
         )
-        engines = make_engines(rl.engines, model, model_path=model_path, seed=config.seed)
         grader = Grader(rl.grader)
-        async with rollout_resources(engines, make_sandbox(rl.sandbox), grader) as resources:
+        total = rl.steps * rl.ppo_mini_batches
+        async with (
+            training_side(config, model, model_path=model_path, total_steps=total) as side,
+            rollout_resources(side.engines, side.sandbox, grader) as resources,
+        ):
+            actor = side.actor
+            self.colocated = side.mode == "colocated"
+            run.restore(actor, tokenizer, order)
             runner = RolloutRunner(tokenizer, resources.sandbox, config.rollout)
             scheduler = RolloutScheduler(resources.engines, rl.scheduler)
             pad = int(tokenizer.pad_token_id or 0)
@@ -115,14 +114,15 @@ class RLTrainer:
                 )
                 metrics.update(await validate(step))
                 run.after_step(step, rl.steps, metrics)
-        return run.finish(rl.steps)
+            # Inside: a distributed trainer's ranks hold the weights the final checkpoint needs.
+            return run.finish(rl.steps)
 
     async def _step(
         self,
         step: int,
         problems: list[MathProblem],
         *,
-        actor: Actor,
+        actor: TrainingActor,
         runner: RolloutRunner,
         scheduler: RolloutScheduler,
         resources: RolloutResources,
@@ -140,6 +140,9 @@ class RLTrainer:
             grader=resources.grader,
             on_progress=lambda done, total: self.run.reporter.phase(f"rollouts {done}/{total}"),
         )
+        group = ray_engines(resources.engines)
+        if group is not None:
+            group.check()  # engines lost mid-phase had their rollouts re-run on the others
         selection = select(phase.rollouts, rl.roc, seed=rollout_seed(seed, step, -1, -1))
         metrics = rollout_metrics(phase, selection)
         if self.config.logging.sample_rollouts:
@@ -151,6 +154,8 @@ class RLTrainer:
             )
         self.run.reporter.phase("update")
         sequences = training_sequences(phase.rollouts, selection)
+        if self.colocated:  # the update gets the accelerators the engines free
+            await asyncio.gather(*(engine.sleep() for engine in resources.engines))
         updated = time.perf_counter()
         if sequences:
             metrics.update(
@@ -169,13 +174,16 @@ class RLTrainer:
             logger.warning("step %d: every group was dropped; no update", step)
             actor.skip()
         synced = time.perf_counter()
+        if self.colocated:
+            await asyncio.gather(*(engine.wake_up() for engine in resources.engines))
         self.run.reporter.phase("weight sync")
-        for engine in resources.engines:
-            await engine.update_weights(actor.named_weights(), version=str(step))
+        await sync_weights(actor, resources.engines, version=str(step))
         done = time.perf_counter()
         metrics["time/update_s"] = synced - updated
         metrics["time/sync_s"] = done - synced
         metrics["time/step_s"] = done - started
+        if group is not None:
+            metrics["engines/lost"] = float(len(group.dead))
         metrics["actor/trained_tokens"] = float(sum(sum(s.mask) for s in sequences))
         return metrics
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from rstar2_algo import policy_loss
-from rstar2_train.actor import Actor, LossFn
+from rstar2_train.actor import LossFn, TrainingActor
 from rstar2_train.batching import MicroBatch, TokenSequence, micro_batches
 from rstar2_train.config.schema import RLConfig
 from rstar2_train.rl.rollouts import ScoredRollout
@@ -98,7 +98,7 @@ def _loss(mini: _MiniBatch, config: RLConfig) -> LossFn:
 
 
 def policy_update(
-    actor: Actor,
+    actor: TrainingActor,
     sequences: Sequence[TokenSequence],
     advantages: Sequence[float],
     config: RLConfig,
@@ -139,7 +139,7 @@ def policy_update(
 
 
 def _recompute(
-    actor: Actor, minis: list[_MiniBatch], config: RLConfig, temperature: float
+    actor: TrainingActor, minis: list[_MiniBatch], config: RLConfig, temperature: float
 ) -> dict[str, float]:
     """Fill each mini-batch's old log-probs (and importance weights); returns mismatch metrics."""
     gaps: list[torch.Tensor] = []

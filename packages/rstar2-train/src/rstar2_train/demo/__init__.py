@@ -1,0 +1,18 @@
+"""``rstar2-train demo``: the whole loop on a laptop CPU (data, SFT, GRPO-RoC, evaluation)."""
+
+from rstar2_train.demo.pipeline import DemoRunner, run_demo
+from rstar2_train.demo.plan import DemoOptions, DemoPaths
+from rstar2_train.demo.report import AblationResult, AblationRun, DemoSummary, PhaseTime
+from rstar2_train.demo.scores import HeldOutScores
+
+__all__ = [
+    "AblationResult",
+    "AblationRun",
+    "DemoOptions",
+    "DemoPaths",
+    "DemoRunner",
+    "DemoSummary",
+    "HeldOutScores",
+    "PhaseTime",
+    "run_demo",
+]

@@ -1,0 +1,283 @@
+"""``rstar2-train demo``: data -> SFT -> GRPO-RoC -> held-out evaluation -> before/after table.
+
+Every step is the machinery a user runs by hand: rstar2-data recipes (built as a stage builds
+them), ``run_stage`` on the shipped ``demo-sft`` and ``demo-rl`` configs, and rstar2-eval's
+``run_evaluation`` (``rstar2-eval run --model``) on each final checkpoint. Re-running with the
+same ``out`` skips what is finished and resumes what was interrupted: stages from their newest
+checkpoint, evaluations from the samples already written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from rstar2_eval import (
+    Grader,
+    GraderConfig,
+    ProblemSet,
+    RunOptions,
+    ScoredSample,
+    load_problem_sets,
+)
+from rstar2_eval import run_evaluation as eval_run
+from rstar2_train.checkpoint import STATE_FILE, read_state
+from rstar2_train.config.loader import dump_config
+from rstar2_train.config.schema import DataSource, StageConfig
+from rstar2_train.data import load_rows
+from rstar2_train.demo.plan import (
+    ABLATION_SEEDS,
+    ABLATION_STRATEGIES,
+    HELDOUT_RECIPE,
+    RL_RECIPE,
+    SFT_RECIPE,
+    DemoOptions,
+    DemoPaths,
+    eval_settings,
+    rl_config,
+    sft_config,
+)
+from rstar2_train.demo.report import (
+    AblationResult,
+    AblationRun,
+    DemoSummary,
+    PhaseTime,
+    mean_of,
+    metric_mean,
+    print_summary,
+    reward_trend,
+    write_samples,
+    write_summary,
+)
+from rstar2_train.demo.scores import HeldOutScores, held_out_scores
+from rstar2_train.progress import LogReporter, Reporter, RichReporter
+from rstar2_train.run_dir import RunDir, RunError
+from rstar2_train.runner import run_stage
+
+logger = logging.getLogger(__name__)
+
+HELDOUT_SET = "heldout"
+
+
+class _Clock:
+    """Wall time per phase of this invocation, with the load average beside it."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.phases: list[PhaseTime] = []
+
+    @contextmanager
+    def phase(self, name: str, *, skipped: bool = False) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        self.phases.append(
+            PhaseTime(
+                phase=name,
+                seconds=time.perf_counter() - started,
+                skipped=skipped,
+                load_avg_1m=os.getloadavg()[0],
+            )
+        )
+
+    @property
+    def total(self) -> float:
+        return time.perf_counter() - self.started
+
+
+# Defaults that differ from one process to the next by design, not a change of the run.
+_PER_PROCESS = (("rl", "sandbox", "executor", "uid_base"),)
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    for path in _PER_PROCESS:
+        node: Any = config
+        for key in path[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return config
+
+
+def _same_config(run_dir: RunDir, config: StageConfig) -> bool:
+    """Whether the run in ``run_dir`` was started with ``config`` (per-process defaults such as
+    the embedded sandbox's uid range aside)."""
+    stored = yaml.safe_load(run_dir.config.read_text(encoding="utf-8"))
+    return _comparable(stored) == _comparable(yaml.safe_load(dump_config(config)))
+
+
+class DemoRunner:
+    """Runs the demo's phases in order, each skipped when an earlier invocation finished it."""
+
+    def __init__(self, options: DemoOptions, console: Console) -> None:
+        self.options = options
+        self.console = console
+        self.paths = DemoPaths(options.out)
+        self.clock = _Clock()
+        self.sft = sft_config(options, self.paths)
+        self.rl = rl_config(options, self.paths)
+        self._step = 0
+        self._steps = 6 + (1 if options.ablation else 0)
+
+    def _header(self, text: str) -> None:
+        self._step += 1
+        self.console.rule(f"[bold][{self._step}/{self._steps}] {text}")
+
+    def _reporter(self) -> Reporter:
+        return RichReporter(self.console) if self.options.progress else LogReporter()
+
+    def build_data(self) -> None:
+        self._header("data: rstar2-data recipes demo-sft, demo (training split), demo-heldout")
+        with self.clock.phase("data"):
+            data = self.paths.data
+            sizes = {
+                SFT_RECIPE: len(load_rows(DataSource(recipe=SFT_RECIPE), "chat", data)),
+                RL_RECIPE: len(load_rows(DataSource(recipe=RL_RECIPE), "math", data)),
+                HELDOUT_RECIPE: len(load_rows(DataSource(recipe=HELDOUT_RECIPE), "math", data)),
+            }
+            for recipe, rows in sizes.items():
+                self.console.print(f"{recipe}: {rows} rows in {self.paths.dataset(recipe)}")
+
+    def train(self, config: StageConfig, label: str) -> Path:
+        """Run a stage to its end (resuming it), or skip it when its final weights exist."""
+        run_dir = RunDir(config.output_dir)
+        final = run_dir.final
+        started = run_dir.config.is_file()
+        if started and not _same_config(run_dir, config):
+            raise RunError(
+                f"{run_dir.root} holds a {config.name} run with another config (see "
+                f"{run_dir.config}): use another --out, or the same options"
+            )
+        if (final / STATE_FILE).is_file() and read_state(final).finished:
+            self.console.print(f"{label}: finished earlier, final weights in {final}")
+            with self.clock.phase(label, skipped=True):
+                return final
+        with self.clock.phase(label):
+            # _same_config has checked the config; only per-process defaults may differ.
+            return run_stage(
+                config, resume=started, allow_changes=started, reporter=self._reporter()
+            )
+
+    def evaluate(
+        self, checkpoint: Path, name: str, problems: ProblemSet, grader: Grader
+    ) -> tuple[HeldOutScores, list[ScoredSample]]:
+        """``rstar2-eval run --model CHECKPOINT`` on the held-out split, resumed if interrupted."""
+        out = self.paths.eval / name
+        with self.clock.phase(f"eval {name}"):
+            eval_run(
+                RunOptions(
+                    model=str(checkpoint),
+                    benchmarks=[f"{HELDOUT_SET}={self.paths.dataset(HELDOUT_RECIPE)}"],
+                    settings=eval_settings(self.options, self.rl),
+                    out=out,
+                    engine="transformers",
+                    device="cpu",
+                    dtype="float32",
+                    batch_size=128,
+                    grading=GraderConfig(workers=1),
+                    progress=self.options.progress,
+                ),
+                console=self.console,
+            )
+            return held_out_scores(out, problems, grader, checkpoint=str(checkpoint))
+
+    def run(self) -> DemoSummary:
+        options, paths = self.options, self.paths
+        self.build_data()
+        self._header(f"SFT: {self.sft.name} -> {paths.sft}")
+        sft_final = self.train(self.sft, "sft")
+        self._header(f"RL: {self.rl.name} (GRPO-RoC) -> {paths.rl}")
+        rl_final = self.train(self.rl, "rl")
+        (problems,) = load_problem_sets([f"{HELDOUT_SET}={paths.dataset(HELDOUT_RECIPE)}"])
+        problems = problems.head(eval_settings(options, self.rl).limit)
+        with Grader(GraderConfig(workers=1)) as grader:
+            self._header("evaluation: rstar2-eval run --model sft/final on the held-out split")
+            sft_scores, _ = self.evaluate(sft_final, "sft", problems, grader)
+            self._header("evaluation: rstar2-eval run --model rl/final on the held-out split")
+            rl_scores, rl_samples = self.evaluate(rl_final, "rl", problems, grader)
+            write_samples(paths.samples, rl_samples)
+            ablation = self.ablation(problems, grader) if options.ablation else None
+        self._header("summary")
+        first, last = reward_trend(paths.rl)
+        summary = DemoSummary(
+            quick=options.quick,
+            seed=options.seed,
+            sft=sft_scores,
+            rl=rl_scores,
+            rl_reward_first=first,
+            rl_reward_last=last,
+            timings=self.clock.phases,
+            total_seconds=self.clock.total,
+            plots=[str(p) for p in self._plots()],
+            samples=[str(paths.samples), *(str(p) for p in self._rl_samples())],
+            ablation=ablation,
+        )
+        write_summary(summary, paths.summary_json, paths.summary_text)
+        print_summary(summary, self.console)
+        self.console.print(f"summary: {paths.summary_json} and {paths.summary_text}")
+        return summary
+
+    def ablation(self, problems: ProblemSet, grader: Grader) -> AblationResult:
+        """The RL stage with ``roc.strategy`` sample and none over 3 seeds, same budget each."""
+        self._header(
+            f"ablation: roc.strategy {' vs '.join(ABLATION_STRATEGIES)} over {ABLATION_SEEDS} seeds"
+        )
+        runs: list[AblationRun] = []
+        seeds = [self.options.seed + offset for offset in range(ABLATION_SEEDS)]
+        for strategy in ABLATION_STRATEGIES:
+            for seed in seeds:
+                # The main RL run is the ablation's RoC run at the demo's own seed.
+                main = strategy == "sample" and seed == self.options.seed
+                run_dir = self.paths.rl if main else self.paths.ablation_run(strategy, seed)
+                label = f"{strategy}-seed{seed}"
+                config = rl_config(
+                    self.options, self.paths, output=run_dir, seed=seed, strategy=strategy
+                )
+                final = self.train(config, f"rl {label}")
+                name = "rl" if main else f"ablation-{label}"
+                scores, _ = self.evaluate(final, name, problems, grader)
+                runs.append(
+                    AblationRun(
+                        strategy=strategy,
+                        seed=seed,
+                        run_dir=str(run_dir),
+                        scores=scores,
+                        train_tool_error_ratio_kept_positives=metric_mean(
+                            run_dir, "tools/error_ratio_kept_positives"
+                        ),
+                    )
+                )
+        means = {
+            strategy: mean_of(
+                [r.scores.tool_error_ratio_correct for r in runs if r.strategy == strategy]
+            )
+            for strategy in ABLATION_STRATEGIES
+        }
+        roc, plain = means["sample"], means["none"]
+        return AblationResult(
+            runs=runs,
+            mean_tool_error_ratio_correct=means,
+            roc_lower=None if roc is None or plain is None else roc < plain,
+        )
+
+    def _plots(self) -> list[Path]:
+        found = [*sorted((self.paths.sft / "plots").glob("*.png"))]
+        found += sorted((self.paths.rl / "plots").glob("*.png"))
+        found += sorted(self.paths.eval.glob("*/*.png"))
+        return found
+
+    def _rl_samples(self) -> list[Path]:
+        steps = sorted((self.paths.rl / "samples").glob("step-*.md"))
+        return steps[-1:]
+
+
+def run_demo(options: DemoOptions, *, console: Console | None = None) -> DemoSummary:
+    """Run (or resume) the whole demo; returns what it printed."""
+    return DemoRunner(options, console or Console(stderr=True)).run()

@@ -1,0 +1,267 @@
+"""Inference engines in Ray actors, and the ``Engine`` proxies the driver's scheduler uses.
+
+``RayEngine.generate`` awaits its actor (Ray object refs are awaitable), so ``RolloutScheduler``
+and ``RolloutRunner`` run unchanged. When an engine actor dies, its proxy sends the requests it
+still gets (the rest of its rollouts: every request carries the whole token prefix and its seed)
+to a live actor of the same ``EngineGroup``; when none is left the step fails with
+``EnginesLostError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from rstar2_scheduler import (
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    KVStats,
+    TransformersEngine,
+    TransformersEngineConfig,
+    VLLMEngine,
+    VLLMEngineConfig,
+)
+from rstar2_scheduler.engine import Capability, NamedTensors
+
+logger = logging.getLogger(__name__)
+
+
+class EnginesLostError(RuntimeError):
+    """Every engine actor died: no engine is left to re-run rollouts on."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine actor builds: a transformers engine over a model it is given, or vLLM."""
+
+    kind: str
+    name: str
+    seed: int
+    kv_budget_tokens: int = 65536
+    max_batch_size: int = 64
+    vllm_model: str | None = None
+    vllm_args: dict[str, Any] = field(default_factory=dict)
+
+
+class EngineHost:
+    """The body of an engine actor: one ``Engine``, called from the driver's ``RayEngine``."""
+
+    def __init__(self, spec: EngineSpec, model: PreTrainedModel | None, threads: int) -> None:
+        torch.set_num_threads(max(1, threads))
+        self.engine: Engine
+        if spec.kind == "vllm":
+            assert spec.vllm_model is not None
+            self.engine = VLLMEngine(
+                VLLMEngineConfig(model=spec.vllm_model, engine_args=dict(spec.vllm_args))
+            )
+        else:
+            assert model is not None
+            device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+            model.requires_grad_(False)
+            self.engine = TransformersEngine(
+                model.to(device),  # type: ignore[arg-type]  # transformers' stub of .to
+                TransformersEngineConfig(
+                    name=spec.name,
+                    kv_budget_tokens=spec.kv_budget_tokens,
+                    max_batch_size=spec.max_batch_size,
+                    seed=spec.seed,
+                ),
+            )
+
+    def capabilities(self) -> list[str]:
+        return sorted(self.engine.capabilities)
+
+    async def start(self) -> KVStats:
+        await self.engine.start()
+        return self.engine.kv_stats()
+
+    async def generate(self, request: GenerationRequest) -> tuple[GenerationResult, KVStats]:
+        result = await self.engine.generate(request)
+        return result, self.engine.kv_stats()
+
+    def kv_stats(self) -> KVStats:
+        return self.engine.kv_stats()
+
+    async def update_weights(self, weights: dict[str, torch.Tensor], version: str | None) -> None:
+        await self.engine.update_weights(weights.items(), version=version)
+
+    async def reset_prefix_cache(self) -> None:
+        await self.engine.reset_prefix_cache()
+
+    async def sleep(self, level: int) -> None:
+        await self.engine.sleep(level)
+
+    async def wake_up(self) -> None:
+        await self.engine.wake_up()
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+def _is_actor_death(error: BaseException) -> bool:
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    return isinstance(error, ActorDiedError | ActorUnavailableError | RayActorError)
+
+
+class EngineGroup:
+    """The engine actors of a stage: which are alive, and who stands in for a dead one."""
+
+    def __init__(self, handles: Sequence[Any], names: Sequence[str]) -> None:
+        self.handles = list(handles)
+        self.names = list(names)
+        self.dead: dict[int, str] = {}
+        self._next = itertools.count()
+
+    def alive(self) -> list[int]:
+        return [i for i in range(len(self.handles)) if i not in self.dead]
+
+    def mark_dead(self, index: int, error: BaseException) -> None:
+        if index not in self.dead:
+            self.dead[index] = f"{type(error).__name__}: {error}"
+            logger.warning(
+                "engine actor %s died (%s); its requests go to the live engines %s",
+                self.names[index],
+                str(error).splitlines()[0] if str(error) else type(error).__name__,
+                [self.names[i] for i in self.alive()],
+            )
+
+    def stand_in(self, index: int) -> int | None:
+        """``index`` while it lives, else a live engine (round robin), else None."""
+        if index not in self.dead:
+            return index
+        alive = self.alive()
+        return alive[next(self._next) % len(alive)] if alive else None
+
+    def check(self) -> None:
+        """Raise ``EnginesLostError`` when no engine actor is alive."""
+        if not self.alive():
+            causes = "; ".join(f"{self.names[i]}: {why}" for i, why in sorted(self.dead.items()))
+            raise EnginesLostError(
+                f"all {len(self.handles)} engine actors died ({causes}); the step cannot be "
+                "finished: resume the stage from its last checkpoint"
+            )
+
+    async def call(self, method: str, *args: Any) -> None:
+        """``method`` on every live actor at once; actors found dead are marked."""
+        alive = self.alive()
+        refs = [getattr(self.handles[i], method).remote(*args) for i in alive]
+        outcomes = await asyncio.gather(*refs, return_exceptions=True)
+        for index, outcome in zip(alive, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not _is_actor_death(outcome):
+                    raise outcome
+                self.mark_dead(index, outcome)
+        self.check()
+
+
+class RayEngine(Engine):
+    """An ``Engine`` whose work runs in engine actor ``index`` of ``group``."""
+
+    def __init__(self, group: EngineGroup, index: int, capabilities: Sequence[str]) -> None:
+        self.group = group
+        self.index = index
+        self.name = group.names[index]
+        self._capabilities = frozenset(capabilities)
+        self._stats = KVStats(capacity_tokens=0, used_tokens=0)
+        self.weights_version: str | None = None
+
+    def supports(self, capability: Capability) -> bool:
+        return capability in self._capabilities
+
+    async def start(self) -> None:
+        target = self.group.stand_in(self.index)
+        if target is not None:
+            try:
+                self._stats = await self.group.handles[target].start.remote()
+            except Exception as error:
+                if not _is_actor_death(error):
+                    raise
+                self.group.mark_dead(target, error)
+
+    def kv_stats(self) -> KVStats:
+        """The last snapshot (refreshed with every result)."""
+        return self._stats
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        while True:
+            target = self.group.stand_in(self.index)
+            if target is None:
+                return GenerationResult.failed(
+                    request.request_id, "every engine actor died; nothing can run the request"
+                )
+            try:
+                result, stats = await self.group.handles[target].generate.remote(request)
+            except Exception as error:
+                if not _is_actor_death(error):
+                    raise
+                self.group.mark_dead(target, error)
+                continue
+            if target == self.index:
+                self._stats = stats
+            assert isinstance(result, GenerationResult)
+            return result
+
+    async def _own(self, method: str, *args: Any) -> None:
+        if self.index in self.group.dead:
+            return
+        try:
+            await getattr(self.group.handles[self.index], method).remote(*args)
+        except Exception as error:
+            if not _is_actor_death(error):
+                raise
+            self.group.mark_dead(self.index, error)
+
+    async def update_weights(self, weights: NamedTensors, *, version: str | None = None) -> None:
+        import ray
+
+        await self._own("update_weights", ray.put(dict(weights)), version)
+        self.weights_version = version
+
+    async def reset_prefix_cache(self) -> None:
+        await self._own("reset_prefix_cache")
+
+    async def sleep(self, level: int = 1) -> None:
+        await self._own("sleep", level)
+
+    async def wake_up(self) -> None:
+        await self._own("wake_up")
+
+    async def close(self) -> None:
+        await self._own("close")
+
+
+def ray_engines(engines: Sequence[Engine]) -> EngineGroup | None:
+    """The group behind ``engines`` when they are all ``RayEngine``s of one group."""
+    groups = {id(e.group): e.group for e in engines if isinstance(e, RayEngine)}
+    if len(groups) == 1 and all(isinstance(e, RayEngine) for e in engines):
+        return next(iter(groups.values()))
+    return None
+
+
+async def sync_weights(actor: Any, engines: Sequence[Engine], *, version: str) -> None:
+    """The trainer's full weights to every engine. From a ``DistributedActor`` to engine actors
+    they travel in buckets through the Ray object store (straight from rank 0 to each engine);
+    otherwise through ``Engine.update_weights``."""
+    from rstar2_train.placement.distributed import DistributedActor
+
+    group = ray_engines(engines)
+    if group is None or not isinstance(actor, DistributedActor):
+        for engine in engines:
+            await engine.update_weights(actor.named_weights(), version=version)
+        return
+    buckets = actor.weight_buckets()
+    for position, bucket in enumerate(buckets):
+        last = position == len(buckets) - 1
+        await group.call("update_weights", bucket, version if last else None)
+    for engine in engines:
+        assert isinstance(engine, RayEngine)
+        engine.weights_version = version

@@ -1,0 +1,286 @@
+"""One data-parallel trainer rank, run inside a Ray actor: its FSDP2 shard of the policy and the
+optimizer over that shard.
+
+Every method that touches the model is a collective: the driver calls it on all ranks at once,
+and each rank runs the same number of forward (and backward) passes, padding with passes that
+contribute nothing when it has fewer micro-batches than another rank.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from transformers import PreTrainedModel
+
+from rstar2_train.actor import LossFn, make_optimizer, make_schedule
+from rstar2_train.batching import MicroBatch, token_logprobs
+from rstar2_train.config.schema import FSDPConfig, OptimizerConfig, ScheduleConfig
+from rstar2_train.modeling import DTYPES
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """What every rank is told at start-up."""
+
+    world: int
+    master_addr: str
+    master_port: int
+    backend: str
+    fsdp: FSDPConfig
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig
+    total_steps: int
+
+
+@dataclass(frozen=True)
+class RankUpdate:
+    """One rank's share of an optimizer step."""
+
+    grad_norm: float
+    lr: float
+    skipped: bool
+    metric_sums: dict[str, float]
+    """The loss function's metrics summed over this rank's micro-batches, weighted by tokens."""
+    tokens: int
+    """All ranks' trained tokens (all-reduced)."""
+
+
+def _to(batch: MicroBatch, device: torch.device) -> MicroBatch:
+    if batch.input_ids.device == device:
+        return batch
+    moved = {
+        name: getattr(batch, name).to(device)
+        for name in ("input_ids", "position_ids", "rows", "cols", "valid", "mask")
+    }
+    attention = None if batch.attention_mask is None else batch.attention_mask.to(device)
+    values = {name: value.to(device) for name, value in batch.token_values.items()}
+    return MicroBatch(
+        members=batch.members,
+        attention_mask=attention,
+        token_values=values,
+        **moved,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+class TrainerRank:
+    """Rank ``rank`` of the data-parallel trainer (the body of a Ray actor)."""
+
+    def __init__(self, rank: int, threads: int) -> None:
+        self.rank = rank
+        torch.set_num_threads(max(1, threads))
+        self.model: PreTrainedModel | None = None
+
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the process group's rendezvous."""
+        import ray
+
+        host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        return host, free_port()
+
+    def setup(self, setup: RankSetup, model: PreTrainedModel) -> None:
+        """Join the process group and shard ``model`` (a full copy) over it."""
+        os.environ["MASTER_ADDR"] = setup.master_addr
+        os.environ["MASTER_PORT"] = str(setup.master_port)
+        cuda = torch.cuda.is_available() and setup.backend == "nccl"
+        self.device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(setup.backend, rank=self.rank, world_size=setup.world)
+        mesh = init_device_mesh(self.device.type, (setup.world,))
+        fsdp = setup.fsdp
+        if fsdp.param_dtype is not None:
+            model.to(torch.float32)  # type: ignore[arg-type]  # float32 master weights
+            policy = MixedPrecisionPolicy(
+                param_dtype=DTYPES[fsdp.param_dtype], reduce_dtype=DTYPES[fsdp.reduce_dtype]
+            )
+        else:
+            policy = MixedPrecisionPolicy()
+        if fsdp.activation_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        model.to(self.device)  # type: ignore[arg-type]  # transformers' stub of .to is wrong
+        layer_types = set(getattr(model, "_no_split_modules", None) or [])
+        for module in model.modules():
+            if type(module).__name__ in layer_types:
+                fully_shard(
+                    module,
+                    mesh=mesh,
+                    mp_policy=policy,
+                    reshard_after_forward=fsdp.reshard_after_forward,
+                )
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+        assert isinstance(model, FSDPModule)
+        self.world = setup.world
+        model.train()
+        self.model = model
+        self.grad_clip = setup.optimizer.grad_clip
+        self.optimizer = make_optimizer(model, setup.optimizer)
+        self.schedule = make_schedule(self.optimizer, setup.schedule, setup.total_steps)
+
+    def _model(self) -> PreTrainedModel:
+        assert self.model is not None, "setup() first"
+        return self.model
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    @torch.no_grad()
+    def logprobs(
+        self, batches: Sequence[MicroBatch], own: list[int], passes: int, temperature: float
+    ) -> dict[int, torch.Tensor]:
+        """Log-probs of micro-batches ``own`` (on the callers' device), in ``passes`` forwards."""
+        model, out = self._model(), {}
+        for step in range(passes):
+            index = own[step] if step < len(own) else None
+            batch = batches[index if index is not None else 0]
+            logprobs = token_logprobs(model, _to(batch, self.device), temperature=temperature)
+            if index is not None:
+                out[index] = logprobs.to(batch.mask.device)
+        return out
+
+    def update(
+        self,
+        batches: Sequence[MicroBatch],
+        loss_fn: LossFn,
+        own: list[int],
+        passes: int,
+        temperature: float,
+    ) -> RankUpdate:
+        """Backpropagate ``loss_fn`` over micro-batches ``own``, reduce, clip, step."""
+        model = self._model()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        tokens = 0
+        for step in range(passes):
+            index = own[step] if step < len(own) else None
+            batch = batches[index if index is not None else 0]
+            logprobs = token_logprobs(model, _to(batch, self.device), temperature=temperature)
+            if index is None:
+                # Padding pass: the same collectives as a real one, no contribution.
+                loss = logprobs.sum() * 0.0
+            else:
+                # The loss function runs where the caller built its tensors; autograd carries
+                # the gradient back to this rank's device.
+                loss, metrics = loss_fn(index, batch, logprobs.to(batch.mask.device))
+                tokens += batch.tokens
+                for name, value in metrics.items():
+                    sums[name] = sums.get(name, 0.0) + value * batch.tokens
+            # Losses come normalised by the whole step's token count, so the gradients of the
+            # ranks must add up; FSDP averages them (gloo has no pre-scaled sum).
+            (loss * self.world).backward()  # type: ignore[no-untyped-call]  # untyped in torch
+        limit = self.grad_clip if self.grad_clip is not None else math.inf
+        total = torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
+        full = total.full_tensor() if hasattr(total, "full_tensor") else total
+        norm = float(full)
+        lr = self.lr()
+        skipped = not math.isfinite(norm)
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+        self.schedule.step()
+        count = torch.tensor([tokens], dtype=torch.float64, device=self.device)
+        dist.all_reduce(count)
+        return RankUpdate(norm, lr, skipped, sums, int(count.item()))
+
+    def skip(self) -> None:
+        self.schedule.step()
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """The full weights on rank 0 (gathered from every shard; empty on the others)."""
+        weights: dict[str, torch.Tensor] = get_model_state_dict(  # type: ignore[assignment]
+            self._model(), options=FULL
+        )
+        return weights
+
+    def weight_buckets(self, bucket_bytes: int) -> list[Any]:
+        """The full weights as Ray object refs of ``bucket_bytes`` each (rank 0; [] on others)."""
+        import ray
+
+        weights = self.full_weights()
+        refs: list[Any] = []
+        bucket: dict[str, torch.Tensor] = {}
+        size = 0
+        for name, tensor in weights.items():
+            bucket[name] = tensor
+            size += tensor.numel() * tensor.element_size()
+            if size >= bucket_bytes:
+                refs.append(ray.put(bucket))
+                bucket, size = {}, 0
+        if bucket:
+            refs.append(ray.put(bucket))
+        return refs
+
+    def _order(self) -> list[str]:
+        """Parameter names in the optimizer's order (the index keys of its state_dict)."""
+        names = {id(p): name for name, p in self._model().named_parameters()}
+        return [names[id(p)] for group in self.optimizer.param_groups for p in group["params"]]
+
+    def optimizer_state(self) -> dict[str, Any] | None:
+        """The full optimizer state in ``torch.optim`` layout (keyed by parameter index, as a
+        single-process ``Actor`` saves it), on rank 0; None on the others."""
+        full: Any = get_optimizer_state_dict(self._model(), self.optimizer, options=FULL)
+        if self.rank != 0:
+            return None
+        order = self._order()
+        state = {i: full["state"][name] for i, name in enumerate(order) if name in full["state"]}
+        groups, start = [], 0
+        for group in self.optimizer.param_groups:
+            settings = {key: value for key, value in group.items() if key != "params"}
+            groups.append({**settings, "params": list(range(start, start + len(group["params"])))})
+            start += len(group["params"])
+        return {
+            "optimizer": {"state": state, "param_groups": groups},
+            "schedule": self.schedule.state_dict(),
+        }
+
+    def load_optimizer_state(self, state: dict[str, Any], *, resume: bool) -> None:
+        """Shard a full optimizer state (from any number of ranks) onto this rank."""
+        order = self._order()
+        saved = state["optimizer"]
+        groups = []
+        for group, own in zip(saved["param_groups"], self.optimizer.param_groups, strict=True):
+            settings = {key: value for key, value in group.items() if key != "params"}
+            if not resume:
+                settings = {key: value for key, value in own.items() if key != "params"}
+            groups.append({**settings, "params": [order[i] for i in group["params"]]})
+        named: Any = {
+            "state": {order[int(i)]: value for i, value in saved["state"].items()},
+            "param_groups": groups,
+        }
+        set_optimizer_state_dict(
+            self._model(),
+            self.optimizer,
+            optim_state_dict=named,
+            options=StateDictOptions(full_state_dict=True),
+        )
+        if resume:
+            self.schedule.load_state_dict(state["schedule"])
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

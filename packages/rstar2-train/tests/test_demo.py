@@ -1,0 +1,94 @@
+"""``rstar2-train demo --quick``: every stage runs, its outputs exist, the table is printed, and
+a second invocation skips finished work and resumes interrupted work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rstar2_train.cli import app
+from rstar2_train.demo import DemoSummary
+from rstar2_train.demo.plan import QUICK_HELDOUT
+
+runner = CliRunner()
+
+
+def _demo(out: Path) -> str:
+    result = runner.invoke(app, ["demo", "--quick", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_quick_demo_runs_every_stage_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    output = _demo(out)
+
+    for recipe in ("demo-sft", "demo", "demo-heldout"):
+        assert (out / "data" / recipe / "manifest.json").is_file()
+    for stage in ("sft", "rl"):
+        assert (out / stage / "final" / "model.safetensors").is_file()
+    assert (out / "sft" / "plots" / "loss.png").is_file()
+    assert (out / "rl" / "plots" / "reward.png").is_file()
+    rl_steps = [json.loads(line)["step"] for line in _lines(out / "rl" / "metrics.jsonl")]
+    assert rl_steps == [1, 2]
+    for name in ("sft", "rl"):
+        generations = out / "eval" / name / "generations.jsonl"
+        assert len(_lines(generations)) == QUICK_HELDOUT
+        run = json.loads((out / "eval" / name / "run.json").read_text())
+        assert run["status"] == "complete"
+        assert run["spec"]["model"]["name"] == str(out / name / "final")
+
+    summary = DemoSummary.model_validate_json((out / "summary.json").read_text())
+    assert summary.quick
+    assert summary.sft.rollouts == summary.rl.rollouts == QUICK_HELDOUT
+    assert {t.phase for t in summary.timings} == {"data", "sft", "rl", "eval sft", "eval rl"}
+    assert not any(t.skipped for t in summary.timings)
+    assert all(Path(p).is_file() for p in summary.plots + summary.samples)
+    for label in ("held-out accuracy", "tool-error ratio, correct rollouts", "format errors"):
+        assert label in output
+        assert label in (out / "summary.txt").read_text()
+
+    # Interrupted: the RL stage lost its final weights (its checkpoints remain) and the RL
+    # evaluation half of its samples. Finished stages are skipped; the rest resumes.
+    (out / "rl" / "final" / "trainer_state.json").unlink()
+    generations = out / "eval" / "rl" / "generations.jsonl"
+    generations.write_text("\n".join(_lines(generations)[: QUICK_HELDOUT // 2]) + "\n")
+    output = _demo(out)
+    again = DemoSummary.model_validate_json((out / "summary.json").read_text())
+    skipped = {t.phase for t in again.timings if t.skipped}
+    assert skipped == {"sft"}
+    assert "sft: finished earlier" in output
+    assert "resuming demo-rl" in output
+    assert len(_lines(generations)) == QUICK_HELDOUT
+    assert [json.loads(line)["step"] for line in _lines(out / "rl" / "metrics.jsonl")] == [1, 2]
+    assert again.sft == summary.sft
+
+
+def test_demo_refuses_a_finished_run_with_other_options(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    final = out / "sft" / "final"
+    final.mkdir(parents=True)
+    (final / "trainer_state.json").write_text(
+        json.dumps(
+            {
+                "stage": "demo-sft",
+                "kind": "sft",
+                "step": 1,
+                "total_steps": 1,
+                "data": {},
+                "finished": True,
+            }
+        )
+    )
+    (out / "sft" / "config.yaml").write_text("name: something-else\n")
+    result = runner.invoke(app, ["demo", "--quick", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 2
+    assert "with another config" in result.output
