@@ -7,6 +7,7 @@ from importlib.metadata import version
 
 # Trajectories carry rstar2-algo's record; it stays importable from here too.
 from rstar2_algo import TrajectoryQuality
+from rstar2_scheduler.compute import device_executor, run_on_device
 from rstar2_scheduler.engine import (
     Capability,
     Engine,
@@ -94,7 +95,9 @@ __all__ = [
     "VLLMEngineConfig",
     "__version__",
     "check_prefix_preserving",
+    "device_executor",
     "encode_transcript",
     "install_chat_template",
+    "run_on_device",
     "user_prompt",
 ]

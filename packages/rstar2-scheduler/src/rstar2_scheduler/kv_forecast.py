@@ -64,11 +64,15 @@ class FootprintForecast:
         """A rollout ended holding ``footprint`` tokens."""
         self.finished[self.bin_of(footprint)] += 1
 
-    def survival(self, running: Sequence[int]) -> list[float]:
-        """P(F reaches bin b) for every bin, given the running rollouts' current bins."""
+    def survival(
+        self, running: Sequence[int], finished: Sequence[int] | None = None
+    ) -> list[float]:
+        """P(F reaches bin b) for every bin, given the running rollouts' current bins (and the
+        finished ones' footprints, by default those observed so far)."""
+        finished = self.finished if finished is None else finished
         at_risk = [0] * (self.bins + 1)
         for b in reversed(range(self.bins)):
-            at_risk[b] = at_risk[b + 1] + self.finished[b] + running[b]
+            at_risk[b] = at_risk[b + 1] + finished[b] + running[b]
         support = max(self.min_at_risk, math.ceil(self.min_at_risk_fraction * sum(running)))
         survival: list[float] = []
         alive = 1.0
@@ -78,12 +82,12 @@ class FootprintForecast:
                 # Too little support from here on: every remaining rollout may reach the top.
                 survival.extend([alive] * (self.bins - b - 1))
                 break
-            alive *= 1 - self.finished[b] / at_risk[b]
+            alive *= 1 - finished[b] / at_risk[b]
         return survival
 
-    def refresh(self, running: Sequence[int]) -> None:
+    def refresh(self, running: Sequence[int], finished: Sequence[int] | None = None) -> None:
         """Re-estimate from the finished rollouts and the running ones (counts per bin)."""
-        self.rows = self._rows(self.survival(running))
+        self.rows = self._rows(self.survival(running, finished))
 
     def _rows(self, survival: list[float]) -> list[list[float]]:
         width, top = self.width, self.max_tokens

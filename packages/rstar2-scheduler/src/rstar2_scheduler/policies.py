@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from rstar2_scheduler.engine import Engine
@@ -177,6 +177,16 @@ class _EngineLoad:
         self.idle_tokens = 0  # context of rollouts between calls: absent from live KV usage
 
 
+@dataclass
+class _DueRefresh:
+    """The state a due forecast re-estimate reads, and the shifts made after it."""
+
+    running: list[int]
+    finished: list[int]
+    counts: dict[int, list[int]]
+    shifts: list[tuple[_EngineLoad, int, int]] = field(default_factory=list)
+
+
 class LiveKVPolicy(Policy):
     """kv-aware sized from each engine's free KV cache, as the rStar2-Agent paper describes.
 
@@ -221,6 +231,9 @@ class LiveKVPolicy(Policy):
         self._prompts = self._prompt_total = 0
         self._changes = 0
         self._observations = 0
+        # A due re-estimate, recorded (the counts it reads) and computed when an admission next
+        # needs the forecast, and the shifts made since, replayed onto it then.
+        self._due: _DueRefresh | None = None
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -271,24 +284,48 @@ class LiveKVPolicy(Policy):
     def _shift(self, load: _EngineLoad, b: int, sign: int) -> None:
         load.counts[b] += sign
         self.running[b] += sign
+        if self._due is not None:
+            self._due.shifts.append((load, b, sign))
+        else:
+            self._project(load, b, sign)
+
+    def _project(self, load: _EngineLoad, b: int, sign: int) -> None:
         row = self.forecast.rows[b]
         projection = load.projection
         for k, value in enumerate(row):
             projection[k] += sign * value
 
     def _changed(self) -> None:
-        # Re-estimating costs a pass over every bin and engine: do it once the data has grown
-        # by a small fraction, often early in the phase and rarely later.
+        # Re-estimating costs a pass over every bin and engine: it is due once the data has
+        # grown by a small fraction, often early in the phase and rarely later. Rollouts change
+        # bins at every turn while admissions come in bursts, so a due re-estimate only records
+        # what it reads; `refresh_forecast` computes it when an admission needs the forecast,
+        # with the same result as computing it here.
         self._changes += 1
         if self._changes >= max(1, self._observations // 64):
             self._changes = 0
-            self.forecast.refresh(self.running)
-            rows = self.forecast.rows
-            for load in self.loads.values():
-                load.projection = [
-                    sum(n * rows[b][k] for b, n in enumerate(load.counts) if n)
-                    for k in range(self.forecast.bins)
-                ]
+            self._due = _DueRefresh(
+                running=list(self.running),
+                finished=list(self.forecast.finished),
+                counts={index: list(load.counts) for index, load in self.loads.items()},
+            )
+
+    def refresh_forecast(self) -> None:
+        """Bring the forecast and the engines' projections up to date (done before every
+        admission that reads them)."""
+        due, self._due = self._due, None
+        if due is None:
+            return
+        self.forecast.refresh(due.running, due.finished)
+        rows = self.forecast.rows
+        for index, load in self.loads.items():
+            counts = due.counts[index]
+            load.projection = [
+                sum(n * rows[b][k] for b, n in enumerate(counts) if n)
+                for k in range(self.forecast.bins)
+            ]
+        for load, b, sign in due.shifts:
+            self._project(load, b, sign)
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -303,6 +340,7 @@ class LiveKVPolicy(Policy):
         empty = [s for s in slots if s.active == 0 and kv_tokens <= capacities[s.index]]
         if empty:
             return empty[0]
+        self.refresh_forecast()
         prompt = self._typical_prompt(kv_tokens)
         row = self.forecast.rows[self.forecast.bin_of(prompt)]
         best: tuple[float, EngineSlot] | None = None

@@ -134,3 +134,67 @@ async def test_from_pretrained(model: Qwen2ForCausalLM, tmp_path: Path, score: S
     assert list(result.logprobs) == pytest.approx(
         score([5, 6, 7], list(result.token_ids), 1.0), abs=1e-4
     )
+
+
+async def test_samples_of_one_prompt_share_a_prefill_and_keep_their_own_streams(
+    model: Qwen2ForCausalLM, score: Score
+) -> None:
+    """Eight samples of one prompt (an RL group) are prefilled once and copied; each keeps exact
+    log-probs, and its tokens are those it draws when generated alone with the same seed."""
+    prompt = [(5 * j) % 600 + 3 for j in range(40)]
+    config = TransformersEngineConfig(kv_budget_tokens=4096, max_batch_size=16)
+    async with TransformersEngine(model, config) as engine:
+        forwards: list[tuple[int, ...]] = []
+        logits = engine._logits
+
+        def recorded(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            forwards.append(tuple(input_ids.shape))
+            return logits(input_ids, positions)
+
+        engine._logits = recorded  # type: ignore[method-assign]
+        group = await asyncio.gather(
+            *(engine.generate(ask(prompt, 10, f"s{i}", seed=i)) for i in range(8))
+        )
+        alone = await engine.generate(ask(prompt, 10, "alone", seed=3))
+    # The group's prefill ran the prompt once; its decode steps ran all eight rows.
+    assert forwards[0] == (1, len(prompt))
+    assert forwards[1] == (8, 1)
+    assert len({r.token_ids for r in group}) > 1
+    assert group[3].token_ids == alone.token_ids
+    for result in group:
+        expected = score(prompt, list(result.token_ids), 1.0)
+        assert list(result.logprobs) == pytest.approx(expected, abs=1e-4)
+
+
+async def test_a_joining_request_is_prefilled_alone(model: Qwen2ForCausalLM, score: Score) -> None:
+    """A request that arrives mid-decode (a rollout back from a tool call) costs its own prefill:
+    the running rows keep their cache and continue beside it with exact log-probs."""
+    config = TransformersEngineConfig(kv_budget_tokens=4096, max_batch_size=8)
+    async with TransformersEngine(model, config) as engine:
+        forwards: list[tuple[int, ...]] = []
+        decoding = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        logits = engine._logits
+
+        def recorded(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            forwards.append(tuple(input_ids.shape))
+            if len(forwards) == 3:
+                loop.call_soon_threadsafe(decoding.set)
+            return logits(input_ids, positions)
+
+        engine._logits = recorded  # type: ignore[method-assign]
+        early = [[3 + j for j in range(12)], [40 + j for j in range(5)]]
+        running = [
+            asyncio.create_task(engine.generate(ask(p, 40, f"e{i}", seed=i)))
+            for i, p in enumerate(early)
+        ]
+        await decoding.wait()
+        late = [90 + j for j in range(20)]
+        joined = await engine.generate(ask(late, 6, "late", seed=7))
+        results = [*await asyncio.gather(*running), joined]
+    assert forwards[0] == (2, 12)
+    assert (1, 20) in forwards  # the late request alone, at its own length
+    assert all(shape[1] == 1 for shape in forwards[1:] if shape != (1, 20))
+    for prompt, result in zip([*early, late], results, strict=True):
+        expected = score(prompt, list(result.token_ids), 1.0)
+        assert list(result.logprobs) == pytest.approx(expected, abs=1e-4)

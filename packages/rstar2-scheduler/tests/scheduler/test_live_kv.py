@@ -114,6 +114,7 @@ def test_bookkeeping_returns_to_zero_when_every_rollout_has_finished() -> None:
         policy.track(rollout, context_tokens=400, generating=False)
         policy.track(rollout, context_tokens=480, generating=True)
         finish(policy, rollout, 700)
+    policy.refresh_forecast()
     for load in policy.loads.values():
         assert load.idle_tokens == 0
         assert load.counts == [0] * policy.forecast.bins
@@ -166,3 +167,31 @@ def test_the_support_a_bin_needs_grows_with_the_rollouts_in_flight() -> None:
 def test_the_support_fraction_must_be_a_fraction() -> None:
     with pytest.raises(ValueError, match="min_at_risk_fraction"):
         FootprintForecast(8192, min_at_risk_fraction=1.5)
+
+
+def test_a_deferred_forecast_refresh_equals_refreshing_at_every_change() -> None:
+    """The forecast is re-estimated when an admission reads it, from what it read when the
+    re-estimate fell due: bit for bit what refreshing at every change gives."""
+    eager, lazy = live_policy(engines=2), live_policy(engines=2)
+    original = eager._changed
+
+    def changed_now() -> None:
+        original()
+        eager.refresh_forecast()
+
+    eager._changed = changed_now  # type: ignore[method-assign]
+    placed = {id(policy): fill(policy) for policy in (eager, lazy)}
+    for policy in (eager, lazy):
+        for turn, rollout in enumerate(placed[id(policy)]):
+            policy.track(rollout, context_tokens=150 + 37 * turn, generating=False)
+            policy.track(rollout, context_tokens=260 + 53 * turn, generating=True)
+            if turn % 3 == 0:
+                finish(policy, rollout, 300 + 61 * turn)
+        lazy.refresh_forecast()
+    assert lazy.forecast.rows == eager.forecast.rows
+    for index in eager.loads:
+        assert lazy.loads[index].projection == eager.loads[index].projection
+    chosen = [policy.choose(999, KV_TOKENS) for policy in (eager, lazy)]
+    assert [None if slot is None else slot.index for slot in chosen] == [
+        None if slot is None else slot.index for slot in chosen[:1] * 2
+    ]

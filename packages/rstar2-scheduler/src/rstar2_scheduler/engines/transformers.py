@@ -4,8 +4,9 @@ Pending requests are batched by the engine itself: transformers' own continuous 
 (``generate_batch``) sees no free memory on CPU, so this engine keeps an explicit KV token budget.
 A request is admitted while the sum of admitted reservations (prompt + ``max_new_tokens``) fits
 the budget, so a running request can always finish and nothing is ever preempted. Requests that
-arrive while a batch decodes join it at the next step: the batch is re-prefilled with them
-(left-padded); finished rows leave the KV cache at once.
+arrive while a batch decodes join it at the next step: they are prefilled alone and their keys
+and values appended to the batch's (left-padded), and rows with the same context (an RL group's
+samples) are prefilled once; finished rows leave the KV cache at once.
 
 For RL the engine takes new weights in place (``update_weights``, between forward steps) and can
 ``sleep`` to give its memory to a colocated trainer; nothing is cached across requests, so
@@ -19,6 +20,7 @@ import contextlib
 import logging
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,7 +28,9 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
+from rstar2_scheduler.compute import run_on_device
 from rstar2_scheduler.engine import (
     Capability,
     Engine,
@@ -50,13 +54,22 @@ class TransformersEngineConfig(BaseModel):
     kv_budget_tokens: int = Field(gt=0, description="KV cache capacity in tokens (all rows).")
     max_batch_size: int = Field(default=16, ge=1, description="Rows decoded together at most.")
     seed: int = Field(default=0, description="Seeds requests that bring no seed of their own.")
+    torch_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="Intra-op threads of torch during this engine's forward steps (None: "
+        "torch's setting). On a CPU a small model decodes faster on one thread, where OpenMP's "
+        "synchronisation costs more than the parallel work saves.",
+    )
 
 
 @dataclass(eq=False)
 class _Row:
     request: GenerationRequest
     future: asyncio.Future[GenerationResult]
-    generator: torch.Generator
+    rng: random.Random
+    """The row's own sampling stream (seeded by its request), so its tokens do not depend on
+    its batch."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
@@ -166,11 +179,8 @@ class TransformersEngine(Engine):
         await self.start()
         assert self._wakeup is not None  # set by start()
         seed = request.sampling.seed
-        # On the model's device: torch.multinomial draws with a generator of the probs' device.
-        generator = torch.Generator(device=self._device).manual_seed(
-            seed if seed is not None else self._rng.getrandbits(63)
-        )
-        row = _Row(request, asyncio.get_running_loop().create_future(), generator)
+        rng = random.Random(seed if seed is not None else self._rng.getrandbits(63))
+        row = _Row(request, asyncio.get_running_loop().create_future(), rng)
         self._pending.append(row)
         self._wakeup.set()
         # A cancelled caller cancels the future too; the batcher then drops the row.
@@ -202,48 +212,69 @@ class TransformersEngine(Engine):
             self._running = [row for row in self._running if not row.future.done()]
             if len(self._running) < self._batch_rows():
                 self._reset_batch()  # a caller cancelled: rebuild without its row
-            admitted = self._admit()
+            joined = self._admit()
             if not self._running:
                 self._reset_batch()
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            rows = list(self._running)
             try:
-                await self._step(rows, prefill=admitted or self._cache is None)
+                if self._cache is None or (joined and not self._can_join()):
+                    await self._step(list(self._running), self._prefill)
+                elif joined:
+                    await self._step(joined, self._join)
+                else:
+                    await self._step(list(self._running), self._decode)
             except Exception as failure:
                 logger.exception("%s: batch step failed", self.name)
-                for row in rows:
+                for row in self._running:
                     row.resolve("error", f"{type(failure).__name__}: {failure}")
                 self._running.clear()
                 self._reset_batch()
 
-    async def _step(self, rows: list[_Row], *, prefill: bool) -> None:
-        """Generate one token for every running row; finished rows leave the batch."""
-        step = self._prefill if prefill else self._decode
+    async def _step(
+        self, rows: list[_Row], step: Callable[[list[_Row]], tuple[list[int], list[float]]]
+    ) -> None:
+        """Generate one token for each of ``rows`` (all running rows, or those joining the
+        batch); finished rows leave the batch."""
         async with self._model_lock:
-            tokens, logprobs = await asyncio.to_thread(step, rows)
-        keep: list[int] = []
-        for index, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs, strict=True)):
+            tokens, logprobs = await run_on_device(str(self._device), self._run, step, rows)
+        for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
             row.tokens.append(token)
             row.logprobs.append(logprob)
             reason = row.finish_reason()
             if reason is not None:
                 row.resolve(reason)
-            elif not row.future.done():
-                keep.append(index)
-        self._running = [rows[index] for index in keep]
+        batch = self._running  # in the order of the cache's rows
+        keep = [index for index, row in enumerate(batch) if not row.future.done()]
+        self._running = [batch[index] for index in keep]
         if not keep:
             self._reset_batch()
-        elif len(keep) < len(rows):
+        elif len(keep) < len(batch):
             self._shrink(keep)
+
+    def _run(
+        self, step: Callable[[list[_Row]], tuple[list[int], list[float]]], rows: list[_Row]
+    ) -> tuple[list[int], list[float]]:
+        """``step(rows)`` with the engine's torch thread count, restored after (the compute
+        thread also runs other work, such as a trainer's update)."""
+        threads = self.config.torch_threads
+        if threads is None:
+            return step(rows)
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return step(rows)
+        finally:
+            torch.set_num_threads(previous)
 
     def _batch_rows(self) -> int:
         return 0 if self._attention is None else int(self._attention.shape[0])
 
-    def _admit(self) -> bool:
+    def _admit(self) -> list[_Row]:
+        """Move waiting requests into the batch while they fit; returns the ones moved."""
         reserved = sum(row.reserved for row in self._running)
-        admitted = False
+        admitted: list[_Row] = []
         while self._pending and len(self._running) < self.config.max_batch_size:
             row = self._pending[0]
             if row.future.done():
@@ -254,7 +285,7 @@ class TransformersEngine(Engine):
             self._pending.popleft()
             self._running.append(row)
             reserved += row.reserved
-            admitted = True
+            admitted.append(row)
         return admitted
 
     def _reset_batch(self) -> None:
@@ -270,17 +301,29 @@ class TransformersEngine(Engine):
 
     @torch.inference_mode()
     def _prefill(self, rows: list[_Row]) -> tuple[list[int], list[float]]:
-        sequences = [[*row.request.prompt_ids, *row.tokens] for row in rows]
+        # Rows with the same context (the samples of one prompt, in RL) are computed once and
+        # their keys and values copied: most of an RL step's prefill is its repeated prompts.
+        first: dict[tuple[int, ...], int] = {}
+        source = [
+            first.setdefault((*row.request.prompt_ids, *row.tokens), len(first)) for row in rows
+        ]
+        sequences = list(first)
         width = max(len(sequence) for sequence in sequences)
-        input_ids = torch.zeros((len(rows), width), dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        input_ids = torch.zeros((len(sequences), width), dtype=torch.long)
+        attention = torch.zeros((len(sequences), width), dtype=torch.long)
         for index, sequence in enumerate(sequences):
             input_ids[index, width - len(sequence) :] = torch.tensor(sequence)
             attention[index, width - len(sequence) :] = 1
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         self._cache = DynamicCache(config=self.model.config)
         self._attention = attention.to(self._device)
-        return self._forward(rows, input_ids, positions)
+        logits = self._logits(input_ids, positions)
+        if len(sequences) < len(rows):
+            copies = torch.tensor(source, dtype=torch.long, device=self._device)
+            self._cache.batch_select_indices(copies)
+            self._attention = self._attention[copies]
+            logits = logits[copies]
+        return self._sample(rows, logits)
 
     @torch.inference_mode()
     def _decode(self, rows: list[_Row]) -> tuple[list[int], list[float]]:
@@ -289,11 +332,49 @@ class TransformersEngine(Engine):
         positions = torch.tensor([[row.length - 1] for row in rows])
         ones = torch.ones((len(rows), 1), dtype=torch.long, device=self._device)
         self._attention = torch.cat([self._attention, ones], dim=-1)
-        return self._forward(rows, input_ids, positions)
+        return self._sample(rows, self._logits(input_ids, positions))
 
-    def _forward(
-        self, rows: list[_Row], input_ids: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[list[int], list[float]]:
+    def _can_join(self) -> bool:
+        """Whether new rows can be prefilled alone and appended to the cached batch: every
+        layer's cache is a plain growing tensor (a sliding-window or other cache is re-prefilled
+        with the whole batch instead)."""
+        return self._cache is not None and all(
+            type(layer) is DynamicLayer for layer in self._cache.layers
+        )
+
+    @torch.inference_mode()
+    def _join(self, rows: list[_Row]) -> tuple[list[int], list[float]]:
+        """Prefill ``rows`` (the last rows of ``_running``) alone and append them to the batch;
+        the running rows keep their cache, so a rollout back from a tool call costs its own
+        prefill, not the whole batch's. Both sides are left-padded to the longer one."""
+        cache, attention = self._cache, self._attention
+        assert cache is not None
+        assert attention is not None
+        out = self._prefill(rows)
+        joined, joined_attention = self._cache, self._attention
+        assert joined is not None
+        assert joined_attention is not None
+        width = max(attention.shape[1], joined_attention.shape[1])
+
+        def left_pad(tensor: torch.Tensor, dim_from_end: int) -> torch.Tensor:
+            missing = width - tensor.shape[-dim_from_end]
+            return torch.nn.functional.pad(tensor, (0, 0) * (dim_from_end - 1) + (missing, 0))
+
+        for mine, theirs in zip(cache.layers, joined.layers, strict=True):
+            assert isinstance(mine, DynamicLayer)  # checked by _can_join
+            assert isinstance(theirs, DynamicLayer)
+            assert mine.keys is not None
+            assert mine.values is not None
+            assert theirs.keys is not None
+            assert theirs.values is not None
+            mine.keys = torch.cat([left_pad(mine.keys, 2), left_pad(theirs.keys, 2)])
+            mine.values = torch.cat([left_pad(mine.values, 2), left_pad(theirs.values, 2)])
+        self._cache = cache
+        self._attention = torch.cat([left_pad(attention, 1), left_pad(joined_attention, 1)])
+        return out
+
+    def _logits(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The next-token logits of every batch row, ``[rows, vocab]``; extends the cache."""
         output = self.model(
             input_ids=input_ids.to(self._device),
             attention_mask=self._attention,
@@ -302,11 +383,15 @@ class TransformersEngine(Engine):
             use_cache=True,
             logits_to_keep=1,
         )
+        logits: torch.Tensor = output.logits[:, -1, :]
+        return logits
+
+    def _sample(self, rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         return sample_next(
-            output.logits[:, -1, :],
+            logits,
             [row.request.sampling.temperature for row in rows],
             [row.request.sampling.top_p for row in rows],
-            [row.generator for row in rows],
+            [row.rng for row in rows],
         )
 
     async def update_weights(self, weights: NamedTensors, *, version: str | None = None) -> None:
@@ -315,7 +400,7 @@ class TransformersEngine(Engine):
         weights after a re-prefill. A name the model lacks or a wrong shape raises
         ``ValueError`` before any weight changes."""
         async with self._model_lock:
-            await asyncio.to_thread(self._load_weights, list(weights))
+            await run_on_device(str(self._device), self._load_weights, list(weights))
             self._reset_batch()  # cached keys and values came from the old weights
         self.weights_version = version
 
