@@ -45,8 +45,8 @@ Runner = Callable[..., list[StepRecord]]
 SIDES: dict[str, Runner] = {
     "rstar2": run_rstar2,
     "trl": run_trl,
-    # The stage's default micro-batching (packed rows), to show what it costs on a CPU.
-    "rstar2-packed": functools.partial(run_rstar2, overrides=["rl.packing=true"]),
+    # Every rollout recomputing its prompt (padded rows, as TRL's), to show what sharing saves.
+    "rstar2-unshared": functools.partial(run_rstar2, overrides=["rl.shared_prefix=false"]),
 }
 
 

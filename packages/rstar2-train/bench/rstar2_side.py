@@ -38,8 +38,9 @@ def stage_overrides(prepared: Prepared, *, steps: int, out_dir: Path) -> list[st
         f"rl.loss.eps_low={w.eps_low}",
         f"rl.loss.eps_high={w.eps_high}",
         "rl.loss.aggregation=token-mean",
-        # Padded micro-batches, as TRL's: a packed row attends through a dense block-diagonal
-        # mask with sdpa, quadratic in the row's length (the README has both figures).
+        # A group's rollouts share micro-batches that run its prompt once (rl.shared_prefix, the
+        # default); anything left is padded, as TRL's: a packed row attends through a dense
+        # block-diagonal mask with sdpa, quadratic in the row's length.
         "rl.packing=false",
         "rl.rollout.max_turns=1",
         f"rl.rollout.max_response_tokens={w.max_new_tokens}",

@@ -7,8 +7,13 @@ with mixed rewards and really update the policy.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+# Ray reads this when it is imported: its workers then run this interpreter as it is, instead
+# of packaging the checkout for `uv run` (which fails from a workspace member's folder).
+os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
 
 import pytest
 

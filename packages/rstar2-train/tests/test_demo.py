@@ -7,11 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from rstar2_train.cli import app
-from rstar2_train.demo import DemoSummary
-from rstar2_train.demo.plan import QUICK_HELDOUT
+from rstar2_train.config.loader import dump_config
+from rstar2_train.demo import DemoOptions, DemoPaths, DemoSummary
+from rstar2_train.demo.pipeline import _same_config
+from rstar2_train.demo.plan import QUICK_HELDOUT, rl_config
+from rstar2_train.run_dir import RunDir
 
 runner = CliRunner()
 
@@ -92,3 +96,19 @@ def test_demo_refuses_a_finished_run_with_other_options(tmp_path: Path) -> None:
     result = runner.invoke(app, ["demo", "--quick", "--out", str(out), "--no-progress"])
     assert result.exit_code == 2
     assert "with another config" in result.output
+
+
+def test_a_run_started_by_another_process_counts_as_the_same_config(tmp_path: Path) -> None:
+    """The embedded sandbox's uid range is a per-process default: a demo re-run in a new
+    process must still skip or resume its RL stage, and any real change must be refused."""
+    options = DemoOptions(out=tmp_path)
+    config = rl_config(options, DemoPaths(tmp_path))
+    run_dir = RunDir(config.output_dir)
+    run_dir.root.mkdir(parents=True)
+    stored = yaml.safe_load(dump_config(config))
+    stored["rl"]["sandbox"]["executor"]["uid_base"] += 1024
+    run_dir.config.write_text(yaml.safe_dump(stored))
+    assert _same_config(run_dir, config)
+    stored["optimizer"]["lr"] = 1.0
+    run_dir.config.write_text(yaml.safe_dump(stored))
+    assert not _same_config(run_dir, config)

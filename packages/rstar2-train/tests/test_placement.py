@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -41,8 +40,6 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    # Workers run this interpreter as it is (no packaging of the checkout for `uv run`).
-    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
     ray.init(
         num_cpus=2,
         include_dashboard=False,
@@ -134,7 +131,10 @@ def test_two_gloo_ranks_match_one_process(cluster: None) -> None:
     assert max_weight_gap(before, weights) > 1e-4  # the step moved the weights...
     gap = max_weight_gap(one.model.state_dict(), weights)
     print(f"max weight gap 2 ranks vs 1 process: {gap:.2e}")
-    assert gap < 1e-6  # ...the same way
+    # ...the same way: Adam's first step moves a weight by about lr (1e-2); summing the ranks'
+    # gradients in another order leaves fp32 rounding, which dividing by sqrt(v) can magnify
+    # for near-zero gradients, far below that step.
+    assert gap < 1e-5
 
 
 def test_optimizer_state_from_two_ranks_resumes_in_one_process(cluster: None) -> None:

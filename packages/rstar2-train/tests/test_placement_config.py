@@ -33,6 +33,10 @@ def test_placement_section_is_validated() -> None:
         load_config("tiny-sft", ["placement={}"])
     with pytest.raises(ConfigError, match="ranks"):
         load_config("tiny-rl", ["placement={trainer: {ranks: 0}}"])
+    checkpointed = "placement={trainer: {fsdp: {activation_checkpointing: true}}}"
+    with pytest.raises(ConfigError, match=r"rl\.shared_prefix needs: set rl\.shared_prefix=false"):
+        load_config("tiny-rl", [checkpointed])
+    assert load_config("tiny-rl", [checkpointed, "rl.shared_prefix=false"]).placement is not None
 
 
 def test_micro_batches_are_spread_evenly_over_ranks() -> None:

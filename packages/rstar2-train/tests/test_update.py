@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import pytest
 import torch
 from models import reference_logprobs, tiny_model
 
 from rstar2_train import Actor, TokenSequence, load_config
+from rstar2_train.actor import MetricSums
 from rstar2_train.config import RLConfig
 from rstar2_train.rl.update import ENGINE_LOGPROBS, policy_update
 
@@ -125,3 +127,56 @@ def test_several_mini_batches_take_several_optimizer_steps() -> None:
     assert trainer.schedule.last_epoch == 4
     # Later mini-batches see a policy that already moved: ratios leave 1.
     assert metrics["actor/ratio_max"] > 1.0
+
+
+def test_on_policy_update_reuses_its_forward_pass_and_matches_a_separate_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One mini-batch without TIS takes the old log-probs from the update's own forward pass:
+    no extra pass, and the same gradient and mismatch metrics as with a separate one (TIS with
+    a cap no weight reaches forces that pass; the weights are exp(~0) = 1)."""
+    grads, mismatch, passes = [], [], []
+    for overrides in ([], ["rl.loss.tis_cap=1000.0"]):
+        trainer = actor(grad_clip=1e9)
+        seqs = rollouts(trainer.model, 6, engine_shift=0.25)
+        calls: list[int] = []
+
+        def counted(
+            *args: Any, calls: list[int] = calls, inner: Any = trainer.logprobs, **kwargs: Any
+        ) -> Any:
+            calls.append(1)
+            return inner(*args, **kwargs)
+
+        monkeypatch.setattr(trainer, "logprobs", counted)
+        config = rl_config("rl.micro_batch_tokens=40", *overrides)
+        metrics = policy_update(
+            trainer,
+            seqs,
+            [1.0, -1.0, 0.5, -0.5, 2.0, -2.0],
+            config,
+            temperature=1.0,
+            pad_id=0,
+            seed=0,
+        )
+        passes.append(len(calls))
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
+        mismatch.append(
+            [metrics[f"mismatch/{name}"] for name in ("logprob_abs_mean", "logprob_abs_max")]
+        )
+    assert passes == [0, 1]
+    # TIS weights exp(-0.25) shrink the separate pass's gradient uniformly.
+    assert torch.allclose(grads[0] * math.exp(-0.25), grads[1], atol=1e-6)
+    assert mismatch[0] == pytest.approx([0.25, 0.25], abs=1e-5)
+    assert mismatch[1] == pytest.approx(mismatch[0], abs=1e-6)
+
+
+def test_metric_sums_weight_means_by_tokens_and_keep_maxima() -> None:
+    rank = MetricSums()
+    rank.add({"loss": 1.0, "gap_max": 0.5}, tokens=3)
+    rank.add({"loss": 3.0, "gap_max": 0.2}, tokens=1)
+    driver = MetricSums()
+    driver.add(rank.values)
+    driver.add(MetricSums({"loss": 2.0 * 4, "gap_max": 0.7}).values)
+    # (1 x 3 + 3 x 1) from the rank, 2 x 4 from another: 14 over 8 tokens.
+    assert driver.means(8) == {"loss": pytest.approx(1.75), "gap_max": 0.7}
+    assert driver.means(0) == {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,6 +27,32 @@ from rstar2_train.config.schema import OptimizerConfig, ScheduleConfig
 LossFn = Callable[[int, MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
 """``(micro-batch index, micro-batch, its log-probs) -> (loss to backpropagate, metrics)``.
 Losses are normalised by the caller over the whole step, so they are summed here."""
+
+
+class MetricSums:
+    """A loss function's metrics gathered over micro-batches (and ranks): token-weighted means,
+    except names ending in ``_max``, which keep the largest value seen."""
+
+    def __init__(self, values: Mapping[str, float] | None = None) -> None:
+        self.values: dict[str, float] = dict(values or {})
+
+    def add(self, metrics: Mapping[str, float], tokens: int = 1) -> None:
+        """One micro-batch's metrics (``tokens`` = its trained tokens), or with the default
+        weight of 1, another ``MetricSums``' values."""
+        for name, value in metrics.items():
+            if name.endswith("_max"):
+                self.values[name] = max(self.values.get(name, -math.inf), value)
+            else:
+                self.values[name] = self.values.get(name, 0.0) + value * tokens
+
+    def means(self, tokens: int) -> dict[str, float]:
+        """The metrics over ``tokens`` trained tokens in all."""
+        if not tokens:
+            return {}
+        return {
+            name: value if name.endswith("_max") else value / tokens
+            for name, value in self.values.items()
+        }
 
 
 @dataclass(frozen=True)
@@ -142,16 +168,14 @@ class Actor:
     ) -> UpdateStats:
         """Backpropagate ``loss_fn`` over every micro-batch, clip, and take one optimizer step."""
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
+        sums = MetricSums()
         weight = 0
         for index, batch in enumerate(batches):
             logprobs = token_logprobs(self.model, batch, temperature=temperature)
             loss, metrics = loss_fn(index, batch, logprobs)
             loss.backward()  # type: ignore[no-untyped-call]  # torch's backward is untyped
-            tokens = batch.tokens
-            weight += tokens
-            for name, value in metrics.items():
-                sums[name] = sums.get(name, 0.0) + value * tokens
+            weight += batch.tokens
+            sums.add(metrics, batch.tokens)
         limit = self.grad_clip if self.grad_clip is not None else math.inf
         norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit))
         lr = self.lr
@@ -161,8 +185,7 @@ class Actor:
         else:
             self.optimizer.step()
         self.schedule.step()
-        metrics = {name: value / weight for name, value in sums.items()} if weight else {}
-        return UpdateStats(grad_norm=norm, lr=lr, skipped=skipped, metrics=metrics)
+        return UpdateStats(grad_norm=norm, lr=lr, skipped=skipped, metrics=sums.means(weight))
 
     def skip(self) -> None:
         """A step with nothing to train on: the schedule still advances."""

@@ -3,8 +3,10 @@
 Every per-token quantity of a loss lives in the *sequence layout* ``[sequences, positions]``:
 position ``t`` of a sequence is the prediction of its token ``t + 1`` from the tokens up to
 ``t``. Packed micro-batches hold all their sequences in one row (no padding; the attention is
-kept within each sequence by resetting ``position_ids``); padded ones hold a row per sequence.
-Either way the log-probs come back in the sequence layout, so losses never see the difference.
+kept within each sequence by resetting ``position_ids``); padded ones hold a row per sequence;
+shared-prefix ones run the untrained head their sequences share (an RL group's prompt) once,
+then a row per sequence of what follows it. Either way the log-probs come back in the sequence
+layout, so losses never see the difference.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from rstar2_algo import selective_log_softmax
 
@@ -43,8 +45,6 @@ class MicroBatch:
     """Positions of these sequences in the list they were planned from."""
     input_ids: torch.Tensor
     position_ids: torch.Tensor
-    attention_mask: torch.Tensor | None
-    """None when packed (the packed position ids delimit the sequences)."""
     rows: torch.Tensor
     cols: torch.Tensor
     """``[sequences, positions]``: output row and column that predicts each target."""
@@ -54,6 +54,11 @@ class MicroBatch:
     """``[sequences, positions]``: 1.0 where the target is trained on."""
     token_values: dict[str, torch.Tensor]
     """Per-token values in the sequence layout (0.0 past the end)."""
+    prefix_ids: torch.Tensor | None = None
+    """``[1, prefix length]``: the untrained context every sequence starts with, when the
+    micro-batch shares one (an RL group's prompt). It runs once; ``input_ids`` then holds what
+    follows it, a padded row per sequence, and output column ``c`` predicts ``input_ids[:, c]``
+    (column 0 from the prefix's last position)."""
 
     @property
     def tokens(self) -> int:
@@ -89,6 +94,54 @@ def plan(lengths: Sequence[int], budget_tokens: int, *, packing: bool) -> list[l
     return batches
 
 
+def shared_prefix(sequence: TokenSequence) -> tuple[int, ...]:
+    """The untrained head of a sequence: its ids before the first trained token."""
+    first = next((i for i, m in enumerate(sequence.mask) if m), len(sequence.ids) - 1)
+    return tuple(sequence.ids[:first])
+
+
+def plan_shared(
+    sequences: Sequence[TokenSequence], budget_tokens: int
+) -> tuple[list[tuple[int, list[int]]], list[int]]:
+    """Micro-batches of sequences that share an untrained head of at least two tokens:
+    ``(head length, members)``, costed as the head once plus padded rows of what follows; and
+    the positions of sequences that share their head with no other (planned as usual)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, sequence in enumerate(sequences):
+        groups.setdefault(shared_prefix(sequence), []).append(index)
+    shared: list[tuple[int, list[int]]] = []
+    alone: list[int] = []
+    for head, members in groups.items():
+        if len(members) < 2 or len(head) < 2:
+            alone.extend(members)
+            continue
+        tails = [len(sequences[i].ids) - len(head) for i in members]
+        budget = max(budget_tokens - len(head), 1)
+        for part in plan(tails, budget, packing=False):
+            shared.append((len(head), [members[i] for i in part]))
+    return shared, sorted(alone)
+
+
+def _targets(
+    chosen: Sequence[TokenSequence], width: int
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """``valid``, ``mask`` and the per-token values of ``chosen`` in the sequence layout."""
+    count = len(chosen)
+    valid = torch.zeros((count, width), dtype=torch.bool)
+    mask = torch.zeros((count, width))
+    names = sorted({name for s in chosen for name in s.token_values})
+    values = {name: torch.zeros((count, width)) for name in names}
+    for row, sequence in enumerate(chosen):
+        n = len(sequence.ids) - 1
+        valid[row, :n] = True
+        mask[row, :n] = torch.tensor(sequence.mask[1:], dtype=torch.float32)
+        for name in names:
+            given = sequence.token_values.get(name)
+            if given is not None:
+                values[name][row, :n] = torch.tensor(given[1:], dtype=torch.float32)
+    return valid, mask, values
+
+
 def collate(
     sequences: Sequence[TokenSequence],
     members: list[int],
@@ -103,19 +156,16 @@ def collate(
     count = len(chosen)
     rows = torch.zeros((count, width), dtype=torch.long)
     cols = torch.zeros((count, width), dtype=torch.long)
-    valid = torch.zeros((count, width), dtype=torch.bool)
-    mask = torch.zeros((count, width))
-    names = sorted({name for s in chosen for name in s.token_values})
-    values = {name: torch.zeros((count, width)) for name in names}
+    valid, mask, values = _targets(chosen, width)
     if packing:
         flat = [token for s in chosen for token in s.ids]
         input_ids = torch.tensor([flat])
         position_ids = torch.tensor([[p for s in chosen for p in range(len(s.ids))]])
-        attention_mask = None
     else:
+        # Padding goes on the right, where under the causal mask no real token attends to it:
+        # no padding mask is needed, and attention can take its fused causal kernel.
         longest = width + 1
         input_ids = torch.full((count, longest), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((count, longest), dtype=torch.long)
         position_ids = torch.arange(longest).repeat(count, 1)
     start = 0
     for row, sequence in enumerate(chosen):
@@ -127,25 +177,52 @@ def collate(
             start += n + 1
         else:
             input_ids[row, : n + 1] = ids
-            attention_mask[row, : n + 1] = 1  # type: ignore[index]  # set in this branch
             rows[row, :n] = row
             cols[row, :n] = torch.arange(n)
-        valid[row, :n] = True
-        mask[row, :n] = torch.tensor(sequence.mask[1:], dtype=torch.float32)
-        for name in names:
-            given = sequence.token_values.get(name)
-            if given is not None:
-                values[name][row, :n] = torch.tensor(given[1:], dtype=torch.float32)
     return MicroBatch(
         members=members,
         input_ids=input_ids.to(device),
         position_ids=position_ids.to(device),
-        attention_mask=None if attention_mask is None else attention_mask.to(device),
         rows=rows.to(device),
         cols=cols.to(device),
         valid=valid.to(device),
         mask=mask.to(device),
         token_values={name: tensor.to(device) for name, tensor in values.items()},
+    )
+
+
+def collate_shared(
+    sequences: Sequence[TokenSequence],
+    members: list[int],
+    head: int,
+    *,
+    pad_id: int,
+    device: torch.device,
+) -> MicroBatch:
+    """The micro-batch of ``sequences[i] for i in members``, which all start with the same
+    ``head`` untrained ids: the head runs once and every row holds the rest of a sequence."""
+    chosen = [sequences[i] for i in members]
+    width = max(len(s.ids) for s in chosen) - 1
+    tail = width + 1 - head
+    count = len(chosen)
+    input_ids = torch.full((count, tail), pad_id, dtype=torch.long)
+    rows = torch.arange(count).unsqueeze(-1).expand(count, width).clone()
+    # Sequence position t predicts token t + 1, which is the output column t - (head - 1); the
+    # positions before it predict head tokens, never trained (their column is a placeholder).
+    cols = (torch.arange(width) - (head - 1)).clamp(min=0).expand(count, width).clone()
+    valid, mask, values = _targets(chosen, width)
+    for row, sequence in enumerate(chosen):
+        input_ids[row, : len(sequence.ids) - head] = torch.tensor(sequence.ids[head:])
+    return MicroBatch(
+        members=members,
+        input_ids=input_ids.to(device),
+        position_ids=torch.arange(head, head + tail).repeat(count, 1).to(device),
+        rows=rows.to(device),
+        cols=cols.to(device),
+        valid=valid.to(device),
+        mask=mask.to(device),
+        token_values={name: tensor.to(device) for name, tensor in values.items()},
+        prefix_ids=torch.tensor([chosen[0].ids[:head]]).to(device),
     )
 
 
@@ -156,28 +233,94 @@ def micro_batches(
     packing: bool,
     pad_id: int,
     device: torch.device,
+    share_prefixes: bool = False,
 ) -> list[MicroBatch]:
-    """``sequences`` planned and collated into micro-batches."""
-    groups = plan([len(s.ids) for s in sequences], budget_tokens, packing=packing)
+    """``sequences`` planned and collated into micro-batches.
+
+    With ``share_prefixes``, sequences that start with the same untrained ids (the rollouts of
+    one prompt) form micro-batches of their own in which that head runs once; the others are
+    packed or padded as ``packing`` says.
+    """
+    shared: list[tuple[int, list[int]]] = []
+    rest = list(range(len(sequences)))
+    if share_prefixes:
+        shared, rest = plan_shared(sequences, budget_tokens)
+    groups = plan([len(sequences[i].ids) for i in rest], budget_tokens, packing=packing)
     return [
-        collate(sequences, members, packing=packing, pad_id=pad_id, device=device)
-        for members in groups
+        *(
+            collate_shared(sequences, members, head, pad_id=pad_id, device=device)
+            for head, members in shared
+        ),
+        *(
+            collate(
+                sequences, [rest[i] for i in members], packing=packing, pad_id=pad_id, device=device
+            )
+            for members in groups
+        ),
     ]
 
 
 def token_logprobs(
     model: PreTrainedModel, batch: MicroBatch, *, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Log-probs of every target under ``model`` (temperature-scaled, as engines sample),
-    ``[sequences, positions]``, 0 past each sequence's end. Differentiable."""
-    output = model(
-        input_ids=batch.input_ids,
-        position_ids=batch.position_ids,
-        attention_mask=batch.attention_mask,
-        use_cache=False,  # packed position ids are only read as separate sequences without one
+    """Log-probs of every trained target (``mask`` 1) under ``model``, temperature-scaled as
+    engines sample, ``[sequences, positions]``; 0 at every other position. Differentiable."""
+    trained = batch.mask > 0
+    # The head and the log-softmax run only where some row has a trained target: an RL
+    # sequence is mostly prompt, and a real vocabulary makes those the largest tensors of a step.
+    keep = torch.unique(batch.cols[trained])
+    if keep.numel() == 0:  # nothing trained: one column keeps the graph (its gradient is 0)
+        keep = batch.cols[:1, -1]
+    if batch.prefix_ids is None:
+        output = model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            use_cache=False,  # packed position ids are read as separate sequences without one
+            logits_to_keep=keep,
+        )
+        logits = output.logits
+        # Each output position predicts the next input token; where that token belongs to the
+        # next packed sequence (or is padding) the position is never gathered below.
+        targets = torch.roll(batch.input_ids, shifts=-1, dims=1)
+    else:
+        logits = _shared_prefix_logits(model, batch, keep)
+        targets = batch.input_ids
+    logprobs = selective_log_softmax(logits, targets[:, keep], temperature=temperature or 1.0)
+    kept_col = torch.searchsorted(keep, batch.cols).clamp(max=keep.numel() - 1)
+    return torch.where(trained, logprobs[batch.rows, kept_col], 0.0)
+
+
+def _shared_prefix_logits(
+    model: PreTrainedModel, batch: MicroBatch, keep: torch.Tensor
+) -> torch.Tensor:
+    """Logits of output columns ``keep`` of a shared-prefix micro-batch: the prefix runs once
+    into a KV cache, which every row's forward then reads (gradients through it add up)."""
+    assert batch.prefix_ids is not None
+    rows, head = batch.input_ids.shape[0], batch.prefix_ids.shape[1]
+    cache = DynamicCache(config=model.config)
+    first = model(
+        input_ids=batch.prefix_ids,
+        position_ids=torch.arange(head, device=batch.prefix_ids.device).unsqueeze(0),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
     )
-    # Each output position predicts the next input token; where that token belongs to the next
-    # packed sequence (or is padding) the position is never gathered below.
-    next_ids = torch.roll(batch.input_ids, shifts=-1, dims=1)
-    logprobs = selective_log_softmax(output.logits, next_ids, temperature=temperature or 1.0)
-    return torch.where(batch.valid, logprobs[batch.rows, batch.cols], 0.0)
+    if cache.get_seq_length() != head:
+        raise RuntimeError(
+            "shared-prefix micro-batches need the model's KV cache in training, which gradient "
+            "checkpointing turns off: set rl.shared_prefix=false"
+        )
+    cache.batch_repeat_interleave(rows)
+    # Column c > 0 is the rest's position c - 1; its last position predicts nothing.
+    rest = keep[keep > 0] - 1
+    parts = [first.logits.expand(rows, -1, -1)] if bool(keep[0] == 0) else []
+    if rest.numel():
+        output = model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=rest,
+        )
+        parts.append(output.logits)
+    return torch.cat(parts, dim=1)

@@ -155,6 +155,14 @@ def demo(
     seed: Annotated[
         int, typer.Option(help="Seed of the SFT stage and the RL run (ablation: SEED..SEED+2).")
     ] = 0,
+    eval_samples: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Samples per held-out problem in each evaluation (more: finer tool-error "
+            "ratios, longer evaluations).",
+        ),
+    ] = 1,
     progress: Annotated[
         bool,
         typer.Option(help="Show live progress bars (--no-progress: log lines only)."),
@@ -167,7 +175,14 @@ def demo(
     (SFT), run GRPO-RoC with real tool calls, evaluate both checkpoints on a held-out split with
     rstar2-eval, and print a before/after table."""
     _configure_logging(log_level)
-    options = DemoOptions(out=out, quick=quick, ablation=ablation, seed=seed, progress=progress)
+    options = DemoOptions(
+        out=out,
+        quick=quick,
+        ablation=ablation,
+        seed=seed,
+        progress=progress,
+        eval_samples=eval_samples,
+    )
     try:
         run_demo(options, console=errors)
     except (RunError, ValueError, FileNotFoundError, ImportError, InputError) as error:

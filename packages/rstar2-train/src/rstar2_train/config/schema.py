@@ -265,6 +265,12 @@ class EnginesConfig(_Section):
         default=65536, gt=0, description="transformers: KV tokens each engine may hold."
     )
     max_batch_size: int = Field(default=64, gt=0, description="transformers: rows per step.")
+    torch_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="transformers, in this process: torch's intra-op threads during the "
+        "engines' forward steps (None: torch's setting; 1 decodes a tiny model faster on a CPU).",
+    )
     vllm: dict[str, Any] = Field(default_factory=dict, description="vllm: AsyncEngineArgs.")
 
 
@@ -401,6 +407,12 @@ class RLConfig(_Section):
     )
     micro_batch_tokens: int = Field(default=16384, gt=0, description="Tokens per forward pass.")
     packing: bool = True
+    shared_prefix: bool = Field(
+        default=True,
+        description="Train the kept rollouts of a prompt in micro-batches that run the prompt "
+        "once (its KV cache is read by every rollout); else each rollout recomputes it. Needs "
+        "the KV cache in training, so not with activation checkpointing.",
+    )
     rollout: RolloutConfig = Field(
         default_factory=RolloutConfig,
         description="Turn limit, response budget, sampling and tool limits (chat: see the "
@@ -470,6 +482,11 @@ class StageConfig(_Section):
         if placement is not None:
             if self.rl is None:
                 raise ValueError("placement: Ray placement runs RL stages only (kind rl)")
+            if placement.trainer.fsdp.activation_checkpointing and self.rl.shared_prefix:
+                raise ValueError(
+                    "placement.trainer.fsdp.activation_checkpointing turns the KV cache off in "
+                    "training, which rl.shared_prefix needs: set rl.shared_prefix=false"
+                )
             engines, ranks = self.rl.engines.count, placement.trainer.ranks
             if placement.mode == "colocated" and engines != ranks:
                 raise ValueError(

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from rstar2_train.actor import LossFn, UpdateStats
+from rstar2_train.actor import LossFn, MetricSums, UpdateStats
 from rstar2_train.batching import MicroBatch
 from rstar2_train.config.schema import OptimizerConfig, ScheduleConfig, TrainerPlacement
 from rstar2_train.placement.ranks import RankSetup, RankUpdate, TrainerRank
@@ -132,13 +132,11 @@ class DistributedActor:
                 ]
             )
         )
-        sums: dict[str, float] = {}
+        sums = MetricSums()
         for part in parts:
-            for name, value in part.metric_sums.items():
-                sums[name] = sums.get(name, 0.0) + value
+            sums.add(part.metric_sums)
         first = parts[0]
-        weight = first.tokens
-        metrics = {name: value / weight for name, value in sums.items()} if weight else {}
+        metrics = sums.means(first.tokens)
         self._lr = float(ray.get(self.ranks[0].lr.remote()))
         return UpdateStats(
             grad_norm=first.grad_norm, lr=first.lr, skipped=first.skipped, metrics=metrics

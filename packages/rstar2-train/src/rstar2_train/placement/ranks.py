@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from transformers import PreTrainedModel
 
-from rstar2_train.actor import LossFn, make_optimizer, make_schedule
+from rstar2_train.actor import LossFn, MetricSums, make_optimizer, make_schedule
 from rstar2_train.batching import MicroBatch, token_logprobs
 from rstar2_train.config.schema import FSDPConfig, OptimizerConfig, ScheduleConfig
 from rstar2_train.modeling import DTYPES
@@ -57,7 +57,7 @@ class RankUpdate:
     lr: float
     skipped: bool
     metric_sums: dict[str, float]
-    """The loss function's metrics summed over this rank's micro-batches, weighted by tokens."""
+    """The loss function's metrics over this rank's micro-batches (``MetricSums.values``)."""
     tokens: int
     """All ranks' trained tokens (all-reduced)."""
 
@@ -69,14 +69,9 @@ def _to(batch: MicroBatch, device: torch.device) -> MicroBatch:
         name: getattr(batch, name).to(device)
         for name in ("input_ids", "position_ids", "rows", "cols", "valid", "mask")
     }
-    attention = None if batch.attention_mask is None else batch.attention_mask.to(device)
+    prefix = None if batch.prefix_ids is None else batch.prefix_ids.to(device)
     values = {name: value.to(device) for name, value in batch.token_values.items()}
-    return MicroBatch(
-        members=batch.members,
-        attention_mask=attention,
-        token_values=values,
-        **moved,
-    )
+    return MicroBatch(members=batch.members, token_values=values, prefix_ids=prefix, **moved)
 
 
 def free_port() -> int:
@@ -173,7 +168,7 @@ class TrainerRank:
         """Backpropagate ``loss_fn`` over micro-batches ``own``, reduce, clip, step."""
         model = self._model()
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
+        sums = MetricSums()
         tokens = 0
         for step in range(passes):
             index = own[step] if step < len(own) else None
@@ -187,8 +182,7 @@ class TrainerRank:
                 # the gradient back to this rank's device.
                 loss, metrics = loss_fn(index, batch, logprobs.to(batch.mask.device))
                 tokens += batch.tokens
-                for name, value in metrics.items():
-                    sums[name] = sums.get(name, 0.0) + value * batch.tokens
+                sums.add(metrics, batch.tokens)
             # Losses come normalised by the whole step's token count, so the gradients of the
             # ranks must add up; FSDP averages them (gloo has no pre-scaled sum).
             (loss * self.world).backward()  # type: ignore[no-untyped-call]  # untyped in torch
@@ -205,7 +199,7 @@ class TrainerRank:
         self.schedule.step()
         count = torch.tensor([tokens], dtype=torch.float64, device=self.device)
         dist.all_reduce(count)
-        return RankUpdate(norm, lr, skipped, sums, int(count.item()))
+        return RankUpdate(norm, lr, skipped, sums.values, int(count.item()))
 
     def skip(self) -> None:
         self.schedule.step()

@@ -59,6 +59,7 @@ def make_engines(
                     kv_budget_tokens=config.kv_budget_tokens,
                     max_batch_size=config.max_batch_size,
                     seed=seed + index,
+                    torch_threads=config.torch_threads,
                 ),
             )
         )

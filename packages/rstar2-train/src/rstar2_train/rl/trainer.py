@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rstar2_data import MathProblem
 from rstar2_eval import Grader
-from rstar2_scheduler import RolloutRunner, RolloutScheduler
+from rstar2_scheduler import RolloutRunner, RolloutScheduler, run_on_device
 from rstar2_train.actor import TrainingActor
 from rstar2_train.config.schema import RLConfig, StageConfig
 from rstar2_train.data import DataOrder, load_rows
@@ -159,7 +159,8 @@ class RLTrainer:
         updated = time.perf_counter()
         if sequences:
             metrics.update(
-                await asyncio.to_thread(
+                await run_on_device(
+                    str(actor.device),
                     policy_update,
                     actor,
                     sequences,

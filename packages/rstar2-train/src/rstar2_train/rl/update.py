@@ -3,7 +3,9 @@
 The engines' sampling log-probs travel with each rollout. The trainer recomputes the log-probs
 of the same tokens under the same weights (the "old" policy of the clipped ratio, since the step
 is on-policy); the gap between the two is logged, and with ``loss.tis_cap`` each token's loss is
-weighted by ``min(p_trainer / p_engine, cap)`` (truncated importance sampling). The loss of every
+weighted by ``min(p_trainer / p_engine, cap)`` (truncated importance sampling). With one
+mini-batch and no importance weights, the old log-probs are the update's own forward pass,
+detached (the ratio is exactly 1), so no separate pass is run. The loss of every
 micro-batch is normalised by the whole mini-batch's token (or sequence) count, so gradient
 accumulation gives the loss of the full batch.
 """
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from rstar2_algo import policy_loss
-from rstar2_train.actor import LossFn, TrainingActor
+from rstar2_train.actor import LossFn, MetricSums, TrainingActor
 from rstar2_train.batching import MicroBatch, TokenSequence, micro_batches
 from rstar2_train.config.schema import RLConfig
 from rstar2_train.rl.rollouts import ScoredRollout
@@ -49,7 +51,9 @@ def training_sequences(
 class _MiniBatch:
     batches: list[MicroBatch]
     advantages: list[torch.Tensor]
-    old: list[torch.Tensor]
+    old: list[torch.Tensor] | None
+    """Old log-probs per micro-batch; ``None`` when the old policy is the one being updated, so
+    that the update's own forward pass (detached) gives them."""
 
 
 def _split(count: int, parts: int, seed: int) -> list[list[int]]:
@@ -59,6 +63,19 @@ def _split(count: int, parts: int, seed: int) -> list[list[int]]:
         random.Random(seed).shuffle(order)
     size = -(-count // parts)
     return [order[i : i + size] for i in range(0, count, size)]
+
+
+def _mismatch(batch: MicroBatch, logprobs: torch.Tensor) -> dict[str, float]:
+    """The trainer/engine log-prob gap over a micro-batch's trained tokens."""
+    trained = batch.mask.bool()
+    gap = (logprobs.detach() - batch.token_values[ENGINE_LOGPROBS])[trained]
+    if gap.numel() == 0:
+        return {}
+    return {
+        "mismatch/logprob_abs_mean": float(gap.abs().mean()),
+        "mismatch/logprob_abs_max": float(gap.abs().max()),
+        "mismatch/ratio_mean": float(torch.exp(gap).mean()),
+    }
 
 
 def _loss(mini: _MiniBatch, config: RLConfig) -> LossFn:
@@ -78,9 +95,10 @@ def _loss(mini: _MiniBatch, config: RLConfig) -> LossFn:
     def loss(
         index: int, batch: MicroBatch, logprobs: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        old = logprobs.detach() if mini.old is None else mini.old[index]
         result = policy_loss(
             logprobs,
-            mini.old[index],
+            old,
             mini.advantages[index],
             batch.mask,
             eps_low=loss_config.eps_low,
@@ -92,6 +110,8 @@ def _loss(mini: _MiniBatch, config: RLConfig) -> LossFn:
         metrics = result.metrics("actor/")
         # Weighted by this micro-batch's tokens downstream, so the mean is the mini-batch loss.
         metrics["actor/pg_loss"] = float(result.loss.detach()) * token_count / max(batch.tokens, 1)
+        if mini.old is None:
+            metrics.update(_mismatch(batch, old))
         return result.loss, metrics
 
     return loss
@@ -107,7 +127,13 @@ def policy_update(
     pad_id: int,
     seed: int,
 ) -> dict[str, float]:
-    """Recompute log-probs, then ``config.ppo_mini_batches`` optimizer steps; returns metrics."""
+    """``config.ppo_mini_batches`` optimizer steps; returns metrics.
+
+    The old log-probs need a separate forward pass only when the policy moves before a
+    mini-batch is trained on (several mini-batches) or when truncated importance sampling
+    weights the loss by them; otherwise the update's own pass gives them.
+    """
+    separate_pass = config.ppo_mini_batches > 1 or config.loss.tis_cap is not None
     minis: list[_MiniBatch] = []
     for members in _split(len(sequences), config.ppo_mini_batches, seed):
         chosen = [sequences[i] for i in members]
@@ -117,20 +143,21 @@ def policy_update(
             packing=config.packing,
             pad_id=pad_id,
             device=actor.device,
+            share_prefixes=config.shared_prefix,
         )
         per_sequence = torch.tensor([advantages[i] for i in members], dtype=torch.float32)
         token_advantages = [
             per_sequence[batch.members].to(actor.device).unsqueeze(-1).expand_as(batch.mask)
             for batch in batches
         ]
-        minis.append(_MiniBatch(batches, token_advantages, []))
-    metrics = _recompute(actor, minis, config, temperature)
+        minis.append(_MiniBatch(batches, token_advantages, [] if separate_pass else None))
+    metrics = _recompute(actor, minis, config, temperature) if separate_pass else {}
     updates = []
     for mini in minis:
         updates.append(actor.update(mini.batches, _loss(mini, config), temperature=temperature))
     for name in sorted({name for update in updates for name in update.metrics}):
         values = [u.metrics[name] for u in updates if name in u.metrics]
-        metrics[name] = sum(values) / len(values)
+        metrics[name] = max(values) if name.endswith("_max") else sum(values) / len(values)
     metrics["actor/grad_norm"] = sum(u.grad_norm for u in updates) / len(updates)
     metrics["actor/lr"] = updates[-1].lr
     metrics["actor/skipped_steps"] = float(sum(u.skipped for u in updates))
@@ -142,22 +169,18 @@ def _recompute(
     actor: TrainingActor, minis: list[_MiniBatch], config: RLConfig, temperature: float
 ) -> dict[str, float]:
     """Fill each mini-batch's old log-probs (and importance weights); returns mismatch metrics."""
-    gaps: list[torch.Tensor] = []
+    sums = MetricSums()
+    tokens = 0
     for mini in minis:
+        assert mini.old is not None
         old = actor.logprobs(mini.batches, temperature=temperature)
         mini.old.extend(old)
         for index, (batch, logprobs) in enumerate(zip(mini.batches, old, strict=True)):
-            engine = batch.token_values[ENGINE_LOGPROBS]
-            trained = batch.mask.bool()
-            gaps.append((logprobs - engine)[trained])
+            sums.add(_mismatch(batch, logprobs), batch.tokens)
+            tokens += batch.tokens
             if config.loss.tis_cap is not None:
+                engine = batch.token_values[ENGINE_LOGPROBS]
                 weight = torch.exp(logprobs - engine).clamp(max=config.loss.tis_cap)
+                trained = batch.mask.bool()
                 mini.advantages[index] = mini.advantages[index] * torch.where(trained, weight, 1.0)
-    gap = torch.cat(gaps) if gaps else torch.zeros(0)
-    if gap.numel() == 0:
-        return {}
-    return {
-        "mismatch/logprob_abs_mean": float(gap.abs().mean()),
-        "mismatch/logprob_abs_max": float(gap.abs().max()),
-        "mismatch/ratio_mean": float(torch.exp(gap).mean()),
-    }
+    return sums.means(tokens)
