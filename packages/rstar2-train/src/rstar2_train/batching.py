@@ -60,6 +60,22 @@ class MicroBatch:
     follows it, a padded row per sequence, and output column ``c`` predicts ``input_ids[:, c]``
     (column 0 from the prefix's last position)."""
 
+    def to(self, device: torch.device) -> MicroBatch:
+        """This micro-batch with every tensor on ``device`` (itself when already there)."""
+        if self.input_ids.device == device:
+            return self
+        return MicroBatch(
+            members=self.members,
+            input_ids=self.input_ids.to(device),
+            position_ids=self.position_ids.to(device),
+            rows=self.rows.to(device),
+            cols=self.cols.to(device),
+            valid=self.valid.to(device),
+            mask=self.mask.to(device),
+            token_values={name: value.to(device) for name, value in self.token_values.items()},
+            prefix_ids=None if self.prefix_ids is None else self.prefix_ids.to(device),
+        )
+
     @property
     def tokens(self) -> int:
         """Trained target tokens."""
@@ -181,14 +197,14 @@ def collate(
             cols[row, :n] = torch.arange(n)
     return MicroBatch(
         members=members,
-        input_ids=input_ids.to(device),
-        position_ids=position_ids.to(device),
-        rows=rows.to(device),
-        cols=cols.to(device),
-        valid=valid.to(device),
-        mask=mask.to(device),
-        token_values={name: tensor.to(device) for name, tensor in values.items()},
-    )
+        input_ids=input_ids,
+        position_ids=position_ids,
+        rows=rows,
+        cols=cols,
+        valid=valid,
+        mask=mask,
+        token_values=values,
+    ).to(device)
 
 
 def collate_shared(
@@ -215,15 +231,15 @@ def collate_shared(
         input_ids[row, : len(sequence.ids) - head] = torch.tensor(sequence.ids[head:])
     return MicroBatch(
         members=members,
-        input_ids=input_ids.to(device),
-        position_ids=torch.arange(head, head + tail).repeat(count, 1).to(device),
-        rows=rows.to(device),
-        cols=cols.to(device),
-        valid=valid.to(device),
-        mask=mask.to(device),
-        token_values={name: tensor.to(device) for name, tensor in values.items()},
-        prefix_ids=torch.tensor([chosen[0].ids[:head]]).to(device),
-    )
+        input_ids=input_ids,
+        position_ids=torch.arange(head, head + tail).repeat(count, 1),
+        rows=rows,
+        cols=cols,
+        valid=valid,
+        mask=mask,
+        token_values=values,
+        prefix_ids=torch.tensor([chosen[0].ids[:head]]),
+    ).to(device)
 
 
 def micro_batches(

@@ -44,6 +44,9 @@ from rstar2_scheduler.engines.sampling import sample_next
 
 logger = logging.getLogger(__name__)
 
+_StepFn = Callable[[list["_Row"]], tuple[list[int], list[float]]]
+"""One forward step over some batch rows: their next tokens and log-probs."""
+
 
 class TransformersEngineConfig(BaseModel):
     """Batching limits of a ``TransformersEngine``."""
@@ -232,9 +235,7 @@ class TransformersEngine(Engine):
                 self._running.clear()
                 self._reset_batch()
 
-    async def _step(
-        self, rows: list[_Row], step: Callable[[list[_Row]], tuple[list[int], list[float]]]
-    ) -> None:
+    async def _step(self, rows: list[_Row], step: _StepFn) -> None:
         """Generate one token for each of ``rows`` (all running rows, or those joining the
         batch); finished rows leave the batch."""
         async with self._model_lock:
@@ -251,11 +252,9 @@ class TransformersEngine(Engine):
         if not keep:
             self._reset_batch()
         elif len(keep) < len(batch):
-            self._shrink(keep)
+            self._select(keep)
 
-    def _run(
-        self, step: Callable[[list[_Row]], tuple[list[int], list[float]]], rows: list[_Row]
-    ) -> tuple[list[int], list[float]]:
+    def _run(self, step: _StepFn, rows: list[_Row]) -> tuple[list[int], list[float]]:
         """``step(rows)`` with the engine's torch thread count, restored after (the compute
         thread also runs other work, such as a trainer's update)."""
         threads = self.config.torch_threads
@@ -292,10 +291,11 @@ class TransformersEngine(Engine):
         self._cache = None
         self._attention = None
 
-    def _shrink(self, keep: list[int]) -> None:
+    def _select(self, rows: list[int]) -> None:
+        """Keep (or copy) the batch rows ``rows``, in that order, in the cache and the mask."""
         assert self._cache is not None
         assert self._attention is not None
-        index = torch.tensor(keep, dtype=torch.long, device=self._device)
+        index = torch.tensor(rows, dtype=torch.long, device=self._device)
         self._cache.batch_select_indices(index)
         self._attention = self._attention[index]
 
@@ -319,10 +319,8 @@ class TransformersEngine(Engine):
         self._attention = attention.to(self._device)
         logits = self._logits(input_ids, positions)
         if len(sequences) < len(rows):
-            copies = torch.tensor(source, dtype=torch.long, device=self._device)
-            self._cache.batch_select_indices(copies)
-            self._attention = self._attention[copies]
-            logits = logits[copies]
+            self._select(source)
+            logits = logits[torch.tensor(source, device=logits.device)]
         return self._sample(rows, logits)
 
     @torch.inference_mode()

@@ -62,18 +62,6 @@ class RankUpdate:
     """All ranks' trained tokens (all-reduced)."""
 
 
-def _to(batch: MicroBatch, device: torch.device) -> MicroBatch:
-    if batch.input_ids.device == device:
-        return batch
-    moved = {
-        name: getattr(batch, name).to(device)
-        for name in ("input_ids", "position_ids", "rows", "cols", "valid", "mask")
-    }
-    prefix = None if batch.prefix_ids is None else batch.prefix_ids.to(device)
-    values = {name: value.to(device) for name, value in batch.token_values.items()}
-    return MicroBatch(members=batch.members, token_values=values, prefix_ids=prefix, **moved)
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("", 0))
@@ -152,7 +140,7 @@ class TrainerRank:
         for step in range(passes):
             index = own[step] if step < len(own) else None
             batch = batches[index if index is not None else 0]
-            logprobs = token_logprobs(model, _to(batch, self.device), temperature=temperature)
+            logprobs = token_logprobs(model, batch.to(self.device), temperature=temperature)
             if index is not None:
                 out[index] = logprobs.to(batch.mask.device)
         return out
@@ -173,7 +161,7 @@ class TrainerRank:
         for step in range(passes):
             index = own[step] if step < len(own) else None
             batch = batches[index if index is not None else 0]
-            logprobs = token_logprobs(model, _to(batch, self.device), temperature=temperature)
+            logprobs = token_logprobs(model, batch.to(self.device), temperature=temperature)
             if index is None:
                 # Padding pass: the same collectives as a real one, no contribution.
                 loss = logprobs.sum() * 0.0
