@@ -1,4 +1,5 @@
-"""Ray placement on CPU: data-parallel ranks over gloo, engine actors, weight sync, failures.
+"""Ray placement on CPU: data-parallel ranks over gloo, engine and grader actors, weight sync,
+failures.
 
 One local Ray cluster (2 CPUs, small object store) serves the whole module.
 """
@@ -11,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from models import reference_logprobs, tiny_model
 from tiny_runs import DemoData
 from tiny_runs import rl_config as rl_stage_config
 
+from rstar2_eval import Grader, GraderConfig
 from rstar2_scheduler import GenerationRequest, RolloutJob, RolloutScheduler, SamplingParams
 from rstar2_train import Actor, TokenSequence, load_config, read_metrics, run_stage
 from rstar2_train.checkpoint import list_checkpoints
@@ -31,6 +34,7 @@ from rstar2_train.placement.engines import (
     EngineSpec,
     RayEngine,
 )
+from rstar2_train.placement.grading import GraderHost, GradersLostError, RayGrading
 from rstar2_train.rl.update import ENGINE_LOGPROBS, policy_update
 
 ray = pytest.importorskip("ray")
@@ -230,13 +234,62 @@ def test_engine_actor_killed_mid_phase_its_rollouts_finish_elsewhere(cluster: No
         asyncio.run(group.call("reset_prefix_cache"))
 
 
+def kill_grader(handle: Any) -> None:
+    """Kill a grader actor and wait until calls to it fail."""
+    ray.kill(handle)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get(handle.graded_items.remote())
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the killed actor still answers")
+
+
+def test_grader_actors_share_batches_and_a_dead_ones_go_to_the_others(cluster: None) -> None:
+    config = GraderConfig(workers=1)
+    host = ray.remote(GraderHost)
+    names = ["grader-0", "grader-1"]
+    grading = RayGrading([host.options(num_cpus=0.25).remote(config) for _ in names], names, config)
+    responses = [f"<answer>\\boxed{{{n}}}</answer>" for n in range(6)]
+    golds = ["0", "1", "2", "0", "0", "0"]
+
+    def grade_all() -> list[bool]:
+        async def batches() -> list[list[bool]]:
+            graded = await asyncio.gather(
+                *(grading.grade([r], [g]) for r, g in zip(responses, golds, strict=True))
+            )
+            return [[grade.correct for grade in batch] for batch in graded]
+
+        return [correct for batch in asyncio.run(batches()) for correct in batch]
+
+    with Grader(config) as local:
+        expected = [grade.correct for grade in local.grade_many(responses, golds)]
+    assert expected == [True, True, True, False, False, False]
+    assert grade_all() == expected
+    # Six batches at once, each to the least busy actor: three each, graded in the actors.
+    assert ray.get([h.graded_items.remote() for h in grading.handles]) == [3, 3]
+    assert grading.metrics() == {"grader/actors_lost": 0.0}
+    # A dead actor's batches are graded by the live one.
+    kill_grader(grading.handles[1])
+    assert grade_all() == expected
+    assert grading.metrics() == {"grader/actors_lost": 1.0}
+    assert ray.get(grading.handles[0].graded_items.remote()) == 9
+    # With none left, a clear error names them instead of waiting.
+    kill_grader(grading.handles[0])
+    lost = r"(?s)all 2 grader actors died \(grader-0: .*grader-1: .*resume the stage"
+    with pytest.raises(GradersLostError, match=lost):
+        asyncio.run(grading.grade(["<answer>\\boxed{1}</answer>"], ["1"]))
+
+
 PLACEMENT = (
     "placement={local_cpus: 2, trainer: {ranks: 2, cpus: 0.25}, engines: {cpus: 0.25}, "
-    "sandbox: {servers: 1, cpus: 0.25}}"
+    "sandbox: {servers: 1, cpus: 0.25}, grader: {actors: 2, cpus: 0.25}}"
 )
 
 
-def test_rl_stage_on_ray_survives_a_killed_engine(
+def test_rl_stage_on_ray_survives_a_killed_engine_and_grader(
     cluster: None, sft_run: Path, demo_data: DemoData, tmp_path: Path
 ) -> None:
     output = tmp_path / "rl"
@@ -246,16 +299,21 @@ def test_rl_stage_on_ray_survives_a_killed_engine(
         output,
         "schedule.warmup_steps=0",
         "rl.engines.count=2",
+        f"rl.validation={{benchmarks: [demo={demo_data.problems}], samples: 1, temperature: 0}}",
         PLACEMENT,
     )
     metrics = output / "metrics.jsonl"
+    graded: list[int] = []
 
     def kill_after_first_step() -> None:
-        # engine-1 dies once step 1 is logged: step 2's rollouts must run on engine-0.
+        # engine-1 and grader-1 die once step 1 is logged: step 2 must run on the others.
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if metrics.is_file() and read_metrics(metrics):
+                graders = [ray.get_actor(f"{config.name}-grader-{i}") for i in range(2)]
+                graded.extend(ray.get([g.graded_items.remote() for g in graders]))
                 ray.kill(ray.get_actor(f"{config.name}-engine-1"))
+                ray.kill(graders[1])
                 return
             time.sleep(0.2)
 
@@ -270,6 +328,16 @@ def test_rl_stage_on_ray_survives_a_killed_engine(
         assert record["rollouts/failed"] == 0
     assert records[0]["engines/lost"] == 0
     assert records[1]["engines/lost"] == 1
+    # Step 1's 18 rollouts were graded in the grader actors, both of them; step 2's batches
+    # sent to the dead one were graded by the other; validation graded through them too.
+    assert len(graded) == 2
+    assert min(graded) > 0
+    assert sum(graded) >= 18
+    assert records[0]["grader/actors_lost"] == 0
+    assert records[1]["grader/actors_lost"] == 1
+    assert 0 <= records[1]["val/demo/avg@1"] <= 1
+    validated = output / "validation" / "step-000002" / "generations.jsonl"
+    assert len(validated.read_text().splitlines()) == 3
     assert records[0]["actor/trained_tokens"] > 0
     assert records[0]["time/sync_s"] > 0
     # Step 2 sampled with step 1's weights, gathered from the two ranks' shards.

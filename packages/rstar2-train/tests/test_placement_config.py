@@ -39,6 +39,21 @@ def test_placement_section_is_validated() -> None:
     assert load_config("tiny-rl", [checkpointed, "rl.shared_prefix=false"]).placement is not None
 
 
+def test_grader_section_defaults_to_one_actor_and_is_validated() -> None:
+    grader = PlacementConfig().grader
+    assert (grader.actors, grader.cpus) == (1, 1.0)
+    config = load_config("tiny-rl", ["placement={grader: {actors: 3, cpus: 2.5}}"])
+    assert config.placement is not None
+    assert (config.placement.grader.actors, config.placement.grader.cpus) == (3, 2.5)
+    with pytest.raises(ConfigError, match=r"placement\.grader\.actors: .* greater than or equal"):
+        load_config("tiny-rl", ["placement={grader: {actors: 0}}"])
+    with pytest.raises(ConfigError, match=r"placement\.grader\.cpus: .* greater than 0"):
+        load_config("tiny-rl", ["placement={grader: {cpus: 0}}"])
+    # The worker count is rl.grader's, shared with the in-process grader.
+    with pytest.raises(ConfigError, match=r"placement\.grader\.workers: unknown key"):
+        load_config("tiny-rl", ["placement={grader: {workers: 2}}"])
+
+
 def test_micro_batches_are_spread_evenly_over_ranks() -> None:
     sequences = [TokenSequence(ids=[1] * n, mask=[1] * n) for n in (40, 30, 20, 10, 10, 5)]
     batches = micro_batches(sequences, 40, packing=True, pad_id=0, device=torch.device("cpu"))

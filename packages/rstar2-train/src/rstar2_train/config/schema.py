@@ -370,8 +370,24 @@ class SandboxPlacement(_Section):
         return self
 
 
+class GraderPlacement(_Section):
+    """Grading as Ray actors: each holds an rstar2-eval Grader built from rl.grader (its own
+    math-verify worker pool); each graded batch goes to the least busy actor."""
+
+    actors: int = Field(
+        default=1, ge=1, description="Grader actors (a dead one's batches go to the others)."
+    )
+    cpus: float = Field(
+        default=1,
+        gt=0,
+        description="CPUs per grader actor: its rl.grader.workers math-verify processes run "
+        "on them (give one per worker).",
+    )
+
+
 class PlacementConfig(_Section):
-    """Ray placement of an RL stage: trainer ranks, engines and the sandbox as actors."""
+    """Ray placement of an RL stage: trainer ranks, engines, the sandbox and the graders as
+    actors."""
 
     ray_address: str | None = Field(
         default=None,
@@ -392,6 +408,7 @@ class PlacementConfig(_Section):
     trainer: TrainerPlacement = Field(default_factory=TrainerPlacement)
     engines: EnginePlacement = Field(default_factory=EnginePlacement)
     sandbox: SandboxPlacement = Field(default_factory=SandboxPlacement)
+    grader: GraderPlacement = Field(default_factory=GraderPlacement)
 
 
 class RLConfig(_Section):
@@ -461,8 +478,8 @@ class StageConfig(_Section):
     rl: RLConfig | None = None
     placement: PlacementConfig | None = Field(
         default=None,
-        description="RL: run trainer ranks, engines and the sandbox as Ray actors; None: in "
-        "this process (unless RAY_ADDRESS is set).",
+        description="RL: run trainer ranks, engines, the sandbox and the graders as Ray "
+        "actors; None: in this process (unless RAY_ADDRESS is set).",
     )
 
     @model_validator(mode="after")

@@ -1,5 +1,6 @@
-"""An RL stage's actors on a Ray cluster: trainer ranks, engines and sandbox processes in one
-placement group, created from the stage config's ``placement`` section and torn down with it."""
+"""An RL stage's actors on a Ray cluster: trainer ranks, engines, sandbox processes and graders
+in one placement group, created from the stage config's ``placement`` section and torn down with
+it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from rstar2_scheduler import Engine
 from rstar2_train.config.schema import PlacementConfig, StageConfig
 from rstar2_train.placement.distributed import DistributedActor
 from rstar2_train.placement.engines import EngineGroup, EngineHost, EngineSpec, RayEngine
+from rstar2_train.placement.grading import GraderHost, RayGrading
 from rstar2_train.placement.sandbox import SandboxProcess, sandbox_commands
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class PlacedStage:
     engines: list[Engine]
     group: EngineGroup
     sandbox: Sandbox
+    grader: RayGrading
 
 
 @asynccontextmanager
@@ -88,6 +91,9 @@ async def placed_stage(
         bundles += [_bundle(engines.cpus, engines.gpus) for _ in range(count)]
     sandbox_bundles = list(range(len(bundles), len(bundles) + len(commands)))
     bundles += [_bundle(placement.sandbox.cpus, 0) for _ in commands]
+    graders = placement.grader
+    grader_bundles = list(range(len(bundles), len(bundles) + graders.actors))
+    bundles += [_bundle(graders.cpus, 0) for _ in range(graders.actors)]
     group = placement_group(bundles, strategy=placement.strategy, name=f"{config.name}-stage")
     await group.ready()
 
@@ -141,19 +147,36 @@ async def placed_stage(
             for index, (name, bundle) in enumerate(zip(names, engine_bundles, strict=True))
         ]
         handles += engine_actors
+        grader_names = [f"grader-{i}" for i in range(graders.actors)]
+        grader_actors: list[Any] = [
+            ray.remote(GraderHost)
+            .options(
+                num_cpus=graders.cpus, scheduling_strategy=at(bundle), name=f"{config.name}-{name}"
+            )
+            .remote(rl.grader)
+            for name, bundle in zip(grader_names, grader_bundles, strict=True)
+        ]
+        handles += grader_actors
         capabilities = ray.get([a.capabilities.remote() for a in engine_actors])
         engine_group = EngineGroup(engine_actors, names)
         proxies: list[Engine] = [RayEngine(engine_group, i, capabilities[i]) for i in range(count)]
         logger.info(
-            "placed %s: %d trainer ranks, %d engines, %d sandbox processes (%s, %s)",
+            "placed %s: %d trainer ranks, %d engines, %d sandbox processes, %d graders (%s, %s)",
             config.name,
             trainer.ranks,
             count,
             len(commands),
+            graders.actors,
             placement.mode,
             placement.strategy,
         )
-        yield PlacedStage(actor, proxies, engine_group, SandboxClient(sandbox_url))
+        yield PlacedStage(
+            actor,
+            proxies,
+            engine_group,
+            SandboxClient(sandbox_url),
+            RayGrading(grader_actors, grader_names, rl.grader),
+        )
     finally:
         if actor is not None:
             actor.close()

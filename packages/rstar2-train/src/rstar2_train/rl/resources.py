@@ -1,4 +1,4 @@
-"""The rollout side of a single-process RL stage: engines, the sandbox, the grader."""
+"""The rollout side of an RL stage: engines, the sandbox, grading."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from rstar2_scheduler import (
 from rstar2_train.actor import Actor, TrainingActor
 from rstar2_train.config.schema import EnginesConfig, SandboxConfig, StageConfig
 from rstar2_train.modeling import resolve_device
+from rstar2_train.rl.grading import Grading, LocalGrading
 
 logger = logging.getLogger(__name__)
 
@@ -77,16 +78,16 @@ def make_sandbox(config: SandboxConfig) -> Sandbox:
 class RolloutResources:
     engines: list[Engine]
     sandbox: Sandbox
-    grader: Grader
+    grader: Grading
 
 
 @asynccontextmanager
 async def rollout_resources(
-    engines: list[Engine], sandbox: Sandbox, grader: Grader
+    engines: list[Engine], sandbox: Sandbox, grader: Grading
 ) -> AsyncIterator[RolloutResources]:
     """Start everything, and stop it all however the stage ends."""
     async with AsyncExitStack() as stack:
-        stack.callback(grader.close)
+        stack.push_async_callback(grader.aclose)
         stack.push_async_callback(sandbox.aclose)
         for engine in engines:
             stack.push_async_callback(engine.close)
@@ -97,11 +98,12 @@ async def rollout_resources(
 
 @dataclass
 class TrainingSide:
-    """The trainer, its engines and the sandbox: in this process, or placed on Ray."""
+    """The trainer, its engines, the sandbox and grading: in this process, or placed on Ray."""
 
     actor: TrainingActor
     engines: list[Engine]
     sandbox: Sandbox
+    grader: Grading
     mode: Literal["local", "split", "colocated"]
 
 
@@ -109,7 +111,7 @@ class TrainingSide:
 async def training_side(
     config: StageConfig, model: PreTrainedModel, *, model_path: str | None, total_steps: int
 ) -> AsyncIterator[TrainingSide]:
-    """Everything but the grader, per the stage's ``placement`` (or RAY_ADDRESS)."""
+    """Every part of the stage, per its ``placement`` (or RAY_ADDRESS)."""
     from rstar2_train.placement.stage import placed_stage, stage_placement
 
     rl = config.rl
@@ -118,9 +120,12 @@ async def training_side(
     if placement is None:
         actor = Actor(model, config.optimizer, config.schedule, total_steps=total_steps)
         engines = make_engines(rl.engines, model, model_path=model_path, seed=config.seed)
-        yield TrainingSide(actor, engines, make_sandbox(rl.sandbox), "local")
+        grader = LocalGrading(Grader(rl.grader))
+        yield TrainingSide(actor, engines, make_sandbox(rl.sandbox), grader, "local")
         return
     async with placed_stage(
         config, placement, model, model_path=model_path, total_steps=total_steps
     ) as placed:
-        yield TrainingSide(placed.actor, placed.engines, placed.sandbox, placement.mode)
+        yield TrainingSide(
+            placed.actor, placed.engines, placed.sandbox, placed.grader, placement.mode
+        )

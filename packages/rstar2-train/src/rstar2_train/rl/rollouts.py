@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rstar2_data import MathProblem
-from rstar2_eval import Grade, Grader
+from rstar2_eval import Grade
 from rstar2_scheduler import (
     JobResult,
     PhaseMetrics,
@@ -27,6 +27,7 @@ from rstar2_scheduler import (
     Trajectory,
 )
 from rstar2_scheduler.engine import Engine
+from rstar2_train.rl.grading import Grading
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ async def collect(
     samples: int,
     runner: RolloutRunner,
     scheduler: RolloutScheduler,
-    grader: Grader,
+    grader: Grading,
     on_progress: Callable[[int, int], None] | None = None,
     key: str = "rollout",
 ) -> RolloutPhaseResult:
@@ -97,7 +98,7 @@ async def collect(
         return RolloutJob(run=run, kv_tokens=runner.max_tokens(problem), key=f"p{prompt}-r{sample}")
 
     async def grade(trajectory: Trajectory, gold: str) -> Grade:
-        graded = await asyncio.to_thread(grader.grade_many, [model_text(trajectory)], [gold])
+        graded = await grader.grade([model_text(trajectory)], [gold])
         return graded[0]
 
     def finished(result: JobResult[Trajectory]) -> None:

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from rstar2_data import MathProblem
-from rstar2_eval import Grader
 from rstar2_scheduler import RolloutRunner, RolloutScheduler, run_on_device
 from rstar2_train.actor import TrainingActor
 from rstar2_train.config.schema import RLConfig, StageConfig
@@ -71,11 +70,10 @@ class RLTrainer:
             if rl.validation is not None
             else None
         )
-        grader = Grader(rl.grader)
         total = rl.steps * rl.ppo_mini_batches
         async with (
             training_side(config, model, model_path=model_path, total_steps=total) as side,
-            rollout_resources(side.engines, side.sandbox, grader) as resources,
+            rollout_resources(side.engines, side.sandbox, side.grader) as resources,
         ):
             actor = side.actor
             self.colocated = side.mode == "colocated"
@@ -185,6 +183,7 @@ class RLTrainer:
         metrics["time/step_s"] = done - started
         if group is not None:
             metrics["engines/lost"] = float(len(group.dead))
+        metrics.update(resources.grader.metrics())
         metrics["actor/trained_tokens"] = float(sum(sum(s.mask) for s in sequences))
         return metrics
 

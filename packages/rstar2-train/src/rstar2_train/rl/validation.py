@@ -1,8 +1,9 @@
 """Periodic validation of the policy during RL, through rstar2-eval's ``evaluate``.
 
 Validation runs on the trainer's own engines (which hold the weights just synced), sandbox and
-grader: the same code path as ``rstar2-eval run``, so a validation figure and a later offline
-evaluation of the checkpoint at the same settings agree.
+grading (grader actors too, when the stage is placed on Ray): the same code path as
+``rstar2-eval run``, so a validation figure and a later offline evaluation of the checkpoint at
+the same settings agree.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class Validator:
             resources.engines,
             tokenizer,
             resources.sandbox,
-            resources.grader,
+            resources.grader.as_grader(),
             self.problem_sets,
             self.settings,
             chat=chat,
