@@ -106,3 +106,17 @@ def test_validations_grader_runs_grade_on_the_loop_from_a_worker_thread() -> Non
 
     with pytest.raises(RuntimeError, match="must run in a worker thread"):
         asyncio.run(on_the_loop())
+
+
+def test_grader_actors_default_to_one_worker_per_cpu_unless_workers_is_set() -> None:
+    from rstar2_train.config.schema import GraderPlacement
+    from rstar2_train.placement.grading import actor_grader_config
+
+    unset = GraderConfig(timeout_s=2.0)
+    assert actor_grader_config(unset, GraderPlacement(cpus=8)).workers == 8
+    assert actor_grader_config(unset, GraderPlacement(cpus=2.5)).workers == 2
+    assert actor_grader_config(unset, GraderPlacement(cpus=0.5)).workers == 1
+    assert actor_grader_config(unset, GraderPlacement(cpus=8)).timeout_s == 2.0
+    # A config that names its workers keeps them, even from YAML-shaped input.
+    explicit = GraderConfig.model_validate({"workers": 3})
+    assert actor_grader_config(explicit, GraderPlacement(cpus=8)).workers == 3

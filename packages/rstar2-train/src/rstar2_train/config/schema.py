@@ -380,8 +380,8 @@ class GraderPlacement(_Section):
     cpus: float = Field(
         default=1,
         gt=0,
-        description="CPUs per grader actor: its rl.grader.workers math-verify processes run "
-        "on them (give one per worker).",
+        description="CPUs per grader actor: its math-verify processes run on them "
+        "(rl.grader.workers of them when set, else one per whole CPU).",
     )
 
 

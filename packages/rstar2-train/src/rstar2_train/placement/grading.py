@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from rstar2_eval import AnswerFormat, Grade, Grader, GraderConfig
+from rstar2_train.config.schema import GraderPlacement
 from rstar2_train.rl.grading import Grading
 
 logger = logging.getLogger(__name__)
@@ -21,6 +23,17 @@ logger = logging.getLogger(__name__)
 
 class GradersLostError(RuntimeError):
     """Every grader actor died: nothing is left to grade on."""
+
+
+def actor_grader_config(grader: GraderConfig, placement: GraderPlacement) -> GraderConfig:
+    """``rl.grader`` for one actor: ``workers``, unless the config sets it, is the actor's CPUs.
+
+    ``GraderConfig.workers`` otherwise defaults to the CPUs of the machine that loaded the
+    config (the head node), which would start that many processes on each actor's few CPUs.
+    """
+    if "workers" in grader.model_fields_set:
+        return grader
+    return grader.model_copy(update={"workers": max(1, math.floor(placement.cpus))})
 
 
 class GraderHost:

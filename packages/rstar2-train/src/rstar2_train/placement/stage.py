@@ -19,7 +19,7 @@ from rstar2_scheduler import Engine
 from rstar2_train.config.schema import PlacementConfig, StageConfig
 from rstar2_train.placement.distributed import DistributedActor
 from rstar2_train.placement.engines import EngineGroup, EngineHost, EngineSpec, RayEngine
-from rstar2_train.placement.grading import GraderHost, RayGrading
+from rstar2_train.placement.grading import GraderHost, RayGrading, actor_grader_config
 from rstar2_train.placement.sandbox import SandboxProcess, sandbox_commands
 
 logger = logging.getLogger(__name__)
@@ -148,12 +148,13 @@ async def placed_stage(
         ]
         handles += engine_actors
         grader_names = [f"grader-{i}" for i in range(graders.actors)]
+        grader_config = actor_grader_config(rl.grader, graders)
         grader_actors: list[Any] = [
             ray.remote(GraderHost)
             .options(
                 num_cpus=graders.cpus, scheduling_strategy=at(bundle), name=f"{config.name}-{name}"
             )
-            .remote(rl.grader)
+            .remote(grader_config)
             for name, bundle in zip(grader_names, grader_bundles, strict=True)
         ]
         handles += grader_actors
@@ -175,7 +176,7 @@ async def placed_stage(
             proxies,
             engine_group,
             SandboxClient(sandbox_url),
-            RayGrading(grader_actors, grader_names, rl.grader),
+            RayGrading(grader_actors, grader_names, grader_config),
         )
     finally:
         if actor is not None:
