@@ -54,6 +54,10 @@ def test_demo_sft_recipe_builds_transcripts(tmp_path: Path) -> None:
     assert all(isinstance(r, ChatExample) for r in rows)
     failing = [r for r in rows if isinstance(r, ChatExample) and len(r.messages) == 6]
     assert 0.2 < len(failing) / len(rows) < 0.3
+    # Half the level-1 transcripts without a failure answer without the tool (recipe's
+    # direct_share): about an eighth of all with levels 1 and 2.
+    direct = [r for r in rows if isinstance(r, ChatExample) and len(r.messages) == 2]
+    assert 0.1 < len(direct) / len(rows) < 0.3
 
 
 def test_demo_training_and_heldout_recipes_share_no_problem(tmp_path: Path) -> None:

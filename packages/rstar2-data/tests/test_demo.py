@@ -174,3 +174,36 @@ def test_split_rejects_bad_arguments() -> None:
         generate_tasks(1, seed=0, split="test")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="heldout_share"):
         generate_tasks(1, seed=0, heldout_share=1.0)
+
+
+def test_direct_answers_are_level_one_correct_and_make_no_call() -> None:
+    tasks = generate_tasks(60, seed=4, levels=(1, 2))
+    examples = demo_transcripts(60, seed=4, levels=(1, 2), failure_share=0.25, direct_share=0.5)
+    direct = [(t, e) for t, e in zip(tasks, examples, strict=True) if not _calls(e)]
+    failing = [e for e in examples if len(_calls(e)) == 2]
+    small_clean = sum(
+        t.level == 1 and len(_calls(e)) == 1 for t, e in zip(tasks, examples, strict=True)
+    )
+    assert len(failing) == 15  # direct answers take nothing from the failure share
+    assert direct
+    assert len(direct) == round(0.5 * (len(direct) + small_clean))
+    for task, example in direct:
+        assert task.level == 1
+        assert [m.role for m in example.messages] == ["user", "assistant"]
+        reply = example.messages[1].content
+        assert reply.startswith("<reason>\n")
+        assert reply.count("<answer>") == 1
+        assert f"\\boxed{{{task.answer}}}" in reply
+    # The same seed gives the same transcripts, and direct_share=0 changes nothing else.
+    assert examples == demo_transcripts(
+        60, seed=4, levels=(1, 2), failure_share=0.25, direct_share=0.5
+    )
+    plain = demo_transcripts(60, seed=4, levels=(1, 2), failure_share=0.25)
+    assert all(_calls(e) for e in plain)
+    assert [e for e in examples if _calls(e)] == [
+        p for p, e in zip(plain, examples, strict=True) if _calls(e)
+    ]
+    with pytest.raises(ValueError, match="direct_share"):
+        demo_transcripts(1, seed=0, direct_share=-0.1)
+    with pytest.raises(ValueError, match="cannot have a failure"):
+        to_transcript(tasks[0], example_id="x", failure="syntax", direct=True)

@@ -166,6 +166,7 @@ def _demo_rows(spec: SourceSpec, recipe: Recipe) -> list[Row]:
             levels=options.levels,
             families=options.families,
             failure_share=options.failure_share,
+            direct_share=options.direct_share,
             split=options.split,
             heldout_share=options.heldout_share,
         )

@@ -63,7 +63,16 @@ class DemoOptions(_Strict):
     n: int = Field(gt=0, description="How many problems or transcripts.")
     levels: tuple[Level, ...] = (1, 2, 3)
     families: tuple[str, ...] = tuple(FAMILIES)
-    failure_share: float = Field(default=0.25, ge=0, le=1)
+    failure_share: float = Field(
+        default=0.25, ge=0, le=1, description="Transcripts: share that fix a failed tool call."
+    )
+    direct_share: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Transcripts: share of the level-1 ones (without a failure) that answer "
+        "without calling the tool.",
+    )
     split: Split = Field(
         default="all",
         description="train or heldout: one side of a fixed hash partition of the problems, so "

@@ -123,6 +123,10 @@ _FAILURES: dict[str, tuple[str, Callable[[str, str], tuple[str, str]]]] = {
 }
 
 
+# What a teacher that skips the tool says: its own arithmetic is exact, a small model's is not.
+_DIRECT_PLAN = "I can work this one out without running code."
+
+
 def _replace_last(text: str, old: str, new: str) -> str:
     head, sep, tail = text.rpartition(old)
     if not sep:
@@ -147,6 +151,7 @@ def to_transcript(
     *,
     example_id: str,
     failure: str | None = None,
+    direct: bool = False,
     tool_response: ToolResponseFormatter = plain_tool_response,
 ) -> ChatExample:
     """An SFT conversation solving ``task`` with the Python tool, in the agent protocol.
@@ -154,9 +159,20 @@ def to_transcript(
     The assistant reasons inside ``<reason>`` (left open across tool turns, as the generation
     prompt pre-fills it), calls the tool, reads the real output of running the call, and ends
     with one ``<answer>`` holding ``\\boxed{}``. With ``failure`` set to a planted-bug name, the
-    first call fails and a corrected call follows.
+    first call fails and a corrected call follows. With ``direct``, the assistant states the
+    (correct) answer without calling the tool, as a teacher that trusts its own arithmetic does.
     """
     messages = [ChatMessage(role="user", content=task.problem)]
+    if direct:
+        if failure is not None:
+            raise ValueError("a direct answer makes no tool call, so it cannot have a failure")
+        answer = (
+            f"<reason>\n{_DIRECT_PLAN}\n</reason>\n<answer>\n\\boxed{{{task.answer}}}\n</answer>"
+        )
+        messages.append(ChatMessage(role="assistant", content=answer))
+        return ChatExample(
+            id=example_id, source=DEMO_SOURCE, messages=messages, tools=[python_tool_schema()]
+        )
     opening = f"<reason>\n{task.plan}\n"
     if failure is not None:
         if failure not in _FAILURES:
@@ -200,28 +216,37 @@ def demo_transcripts(
     levels: Sequence[Level] = LEVELS,
     families: Sequence[str] | None = None,
     failure_share: float = 0.25,
+    direct_share: float = 0.0,
     tool_response: ToolResponseFormatter = plain_tool_response,
     split: Split = "all",
     heldout_share: float = DEFAULT_HELDOUT_SHARE,
 ) -> list[ChatExample]:
     """``n`` seeded transcripts; ``round(failure_share * n)`` of them recover from a failed call.
 
-    ``tool_response`` renders an execution as the tool message text, so a caller can match its
-    rollout's tool-response format exactly. ``split``: see ``generate_tasks``.
+    Of the level-1 transcripts without a failure, ``round(direct_share * count)`` answer
+    without the tool (``to_transcript``'s ``direct``): the smallest problems are the ones a
+    teacher model works out itself. ``tool_response`` renders an execution as the tool message
+    text, so a caller can match its rollout's tool-response format exactly. ``split``: see
+    ``generate_tasks``.
     """
-    if not 0.0 <= failure_share <= 1.0:
-        raise ValueError(f"failure_share must be in [0, 1], got {failure_share}")
+    for name, share in (("failure_share", failure_share), ("direct_share", direct_share)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {share}")
     tasks = generate_tasks(
         n, seed=seed, levels=levels, families=families, split=split, heldout_share=heldout_share
     )
     rng = random.Random(f"{seed}:failures")
     failing = set(rng.sample(range(n), round(failure_share * n)))
     modes = sorted(_FAILURES)
+    failures = {i: rng.choice(modes) for i in sorted(failing)}
+    small = [i for i, task in enumerate(tasks) if task.level == 1 and i not in failing]
+    direct = set(random.Random(f"{seed}:direct").sample(small, round(direct_share * len(small))))
     return [
         to_transcript(
             task,
             example_id=f"demo-sft-{seed}-{i}",
-            failure=rng.choice(modes) if i in failing else None,
+            failure=failures.get(i),
+            direct=i in direct,
             tool_response=tool_response,
         )
         for i, task in enumerate(tasks)

@@ -93,6 +93,7 @@ def _change(before: float | None, after: float | None, *, percent: bool) -> str:
 _ROWS: Sequence[tuple[str, Callable[[HeldOutScores], float | None], bool]] = (
     ("held-out accuracy", lambda s: s.accuracy, True),
     ("tool calls per rollout", lambda s: s.tool_calls_per_rollout, False),
+    ("rollouts without a tool call", lambda s: s.no_tool_rate, True),
     ("tool-error ratio, correct rollouts", lambda s: s.tool_error_ratio_correct, True),
     ("tool-error ratio, all rollouts", lambda s: s.tool_error_ratio, True),
     ("format errors (not one <answer>)", lambda s: s.format_error_rate, True),

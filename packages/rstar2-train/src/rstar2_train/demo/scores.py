@@ -30,6 +30,7 @@ class HeldOutScores(BaseModel):
     rollouts: int
     accuracy: float = Field(description="Correct rollouts / rollouts (avg@k).")
     tool_calls_per_rollout: float
+    no_tool_rate: float = Field(description="Rollouts that answer without calling the tool.")
     tool_error_ratio: float | None = Field(description="Failed tool calls / tool calls.")
     tool_error_ratio_correct: float | None = Field(
         description="Failed tool calls / tool calls, over the correct rollouts only."
@@ -59,6 +60,7 @@ def summarize(samples: Sequence[ScoredSample], *, checkpoint: str, eval_dir: Pat
         rollouts=len(samples),
         accuracy=len(correct) / len(samples),
         tool_calls_per_rollout=sum(calls) / len(samples),
+        no_tool_rate=calls.count(0) / len(samples),
         tool_error_ratio=_ratio(sum(errors), sum(calls)),
         tool_error_ratio_correct=_ratio(
             sum(errors[i] for i in correct), sum(calls[i] for i in correct)
