@@ -58,9 +58,7 @@ class LocalGrading(Grading):
         *,
         answer_format: AnswerFormat | Sequence[AnswerFormat] = "math",
     ) -> list[Grade]:
-        return await asyncio.to_thread(
-            self.grader.grade_many, responses, golds, answer_format=answer_format
-        )
+        return await self.grader.agrade_many(responses, golds, answer_format=answer_format)
 
     def as_grader(self) -> Grader:
         return self.grader
