@@ -236,10 +236,11 @@ def demo_transcripts(
         n, seed=seed, levels=levels, families=families, split=split, heldout_share=heldout_share
     )
     rng = random.Random(f"{seed}:failures")
-    failing = set(rng.sample(range(n), round(failure_share * n)))
     modes = sorted(_FAILURES)
-    failures = {i: rng.choice(modes) for i in sorted(failing)}
-    small = [i for i, task in enumerate(tasks) if task.level == 1 and i not in failing]
+    # Which transcripts fail is drawn before their modes, in index order: seeded data stays put.
+    failing = sorted(rng.sample(range(n), round(failure_share * n)))
+    failures = {i: rng.choice(modes) for i in failing}
+    small = [i for i, task in enumerate(tasks) if task.level == 1 and i not in failures]
     direct = set(random.Random(f"{seed}:direct").sample(small, round(direct_share * len(small))))
     return [
         to_transcript(

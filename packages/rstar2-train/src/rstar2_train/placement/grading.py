@@ -72,8 +72,11 @@ class RayGrading(Grading):
         self._busy = [0] * len(self.handles)
         self._turn = itertools.count()
 
+    def _alive(self) -> list[int]:
+        return [i for i in range(len(self.handles)) if i not in self.dead]
+
     def _pick(self) -> int:
-        alive = [i for i in range(len(self.handles)) if i not in self.dead]
+        alive = self._alive()
         if not alive:
             causes = "; ".join(f"{self.names[i]}: {why}" for i, why in sorted(self.dead.items()))
             raise GradersLostError(
@@ -91,7 +94,7 @@ class RayGrading(Grading):
                 "grader actor %s died (%s); its batches go to the live graders %s",
                 self.names[index],
                 str(error).splitlines()[0] if str(error) else type(error).__name__,
-                [self.names[i] for i in range(len(self.handles)) if i not in self.dead],
+                [self.names[i] for i in self._alive()],
             )
 
     async def grade(
@@ -122,7 +125,7 @@ class RayGrading(Grading):
 
     async def aclose(self) -> None:
         """Stop the live actors' worker pools (the actors themselves go with the stage)."""
-        alive = [i for i in range(len(self.handles)) if i not in self.dead]
+        alive = self._alive()
         outcomes = await asyncio.gather(
             *(self.handles[i].close.remote() for i in alive), return_exceptions=True
         )
