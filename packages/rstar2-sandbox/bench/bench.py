@@ -4,6 +4,10 @@
    trivial, numpy and sympy snippets through ``run_many``; prints the throughput ratio.
 2. End to end: starts ``rstar2-sandbox serve`` on a free port and drives it over HTTP with
    ``SandboxClient``: latency at concurrency 1 (``/v1/run``) and throughput over ``/v1/run/batch``.
+3. Code Judge API on the same service: stdlib code sent plain and wrapped as rStar2-Agent's client
+   wraps it, in alternating rounds; prints the templated / plain ratio.
+4. On a fresh service: one 4,096-item Code Judge batch, every 16th item printing 1 MiB; prints the
+   front end's peak RSS.
 
 Run with ``uv run nox -s bench`` or ``uv run python packages/rstar2-sandbox/bench/bench.py``.
 """
@@ -11,6 +15,7 @@ Run with ``uv run nox -s bench`` or ``uv run python packages/rstar2-sandbox/benc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -25,7 +31,15 @@ from rich.console import Console
 
 from rstar2_sandbox import ExecutorSettings, LocalSandbox, SandboxClient
 from rstar2_sandbox.baseline import FreshInterpreterSandbox
-from rstar2_sandbox.bench import BenchRow, measure_batch, measure_sequential, run_suite, table
+from rstar2_sandbox.bench import (
+    BenchRow,
+    measure_batch,
+    measure_codejudge,
+    measure_mixed_batch,
+    measure_sequential,
+    run_suite,
+    table,
+)
 from rstar2_sandbox.models import RunRequest
 
 console = Console(width=max(120, Console().width))
@@ -39,7 +53,8 @@ def free_port() -> int:
 
 async def compare(
     snippets: list[str], calls: int, baseline_calls: int, slots: int
-) -> list[BenchRow]:
+) -> tuple[list[BenchRow], bool]:
+    """Executor rows, and whether the baseline ran with a per-call uid."""
     settings = ExecutorSettings(slots=slots)
     rows: list[BenchRow] = []
     baseline = FreshInterpreterSandbox(settings)
@@ -52,7 +67,7 @@ async def compare(
                 )
             )
     await baseline.aclose()
-    return rows
+    return rows, baseline.drop_uid
 
 
 async def wait_healthy(url: str, deadline_s: float) -> None:
@@ -89,6 +104,62 @@ async def end_to_end(url: str, snippets: list[str], calls: int, batch: int) -> l
     return rows
 
 
+@contextlib.contextmanager
+def served(pythonpath: str | None) -> Iterator[tuple[str, int]]:
+    """``rstar2-sandbox serve`` on a free port (from ``pythonpath`` first, when given): its URL
+    and pid; stopped with SIGINT afterwards."""
+    port = free_port()
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rstar2_sandbox.cli", "serve", "--port", str(port),
+         "--log-level", "WARNING"],
+        env=env,
+    )  # fmt: skip
+    try:
+        yield f"http://127.0.0.1:{port}", server.pid
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(30)
+
+
+def memory_mib(pid: int, field: str) -> float:
+    """VmRSS (now) or VmHWM (peak) of a process, in MiB."""
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
+async def codejudge_template(url: str, calls: int, rounds: int) -> list[BenchRow]:
+    """Plain and rStar2-Agent-templated stdlib code over the Code Judge API, rounds alternating
+    so that drift in the machine's speed hits both alike; one row each, over all rounds."""
+    await wait_healthy(url, 120)
+    per_round = max(64, calls // rounds)
+    rows: dict[bool, list[BenchRow]] = {False: [], True: []}
+    await measure_codejudge(url, "stdlib", 64, wrap=True)  # warm-up
+    for _ in range(rounds):
+        for wrap in (False, True):
+            rows[wrap].append(await measure_codejudge(url, "stdlib", per_round, wrap=wrap))
+    merged = []
+    for measured in rows.values():
+        seconds = sum(r.seconds for r in measured)
+        done = sum(r.calls for r in measured)
+        merged.append(
+            measured[0].model_copy(
+                update={
+                    "calls": done,
+                    "failed": sum(r.failed for r in measured),
+                    "seconds": seconds,
+                    "calls_per_s": done / seconds,
+                }
+            )
+        )
+    return merged
+
+
 def main(
     calls: Annotated[int, typer.Option(help="Calls per measurement.")] = 1000,
     baseline_calls: Annotated[
@@ -101,39 +172,95 @@ def main(
         int | None, typer.Option(help="Concurrent runs per tier (default: 4 per core).")
     ] = None,
     batch_size: Annotated[int, typer.Option(help="Calls per HTTP batch request.")] = 64,
+    sections: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated parts to run: executor (fork-servers vs fresh interpreter), "
+            "http (native API), codejudge (plain vs rStar2-Agent-templated stdlib code), mixed "
+            "(one 4,096-item Code Judge batch with 1 MiB outputs: the front end's peak RSS)."
+        ),
+    ] = "executor,http,codejudge,mixed",
+    codejudge_rounds: Annotated[
+        int, typer.Option(min=1, help="Alternating plain/templated rounds (codejudge).")
+    ] = 4,
+    mixed_items: Annotated[int, typer.Option(min=1, help="Items of the mixed batch.")] = 4096,
+    server_pythonpath: Annotated[
+        str | None,
+        typer.Option(
+            help="Run the served parts (http, codejudge, mixed) on the rstar2_sandbox found in "
+            "this source directory, e.g. another checkout's packages/rstar2-sandbox/src, to "
+            "compare versions on one machine."
+        ),
+    ] = None,
     json_out: Annotated[str | None, typer.Option("--json", help="Write all rows here.")] = None,
 ) -> None:
-    """Run both comparisons and print tables, ratios and the load they ran under."""
+    """Run the chosen comparisons and print tables, ratios and the load they ran under."""
     names = [s.strip() for s in snippets.split(",") if s.strip()]
+    chosen = {s.strip() for s in sections.split(",") if s.strip()}
+    unknown = chosen - {"executor", "http", "codejudge", "mixed"}
+    if unknown:
+        raise typer.BadParameter(f"unknown sections {sorted(unknown)}", param_hint="--sections")
     cores = len(os.sched_getaffinity(0))
     slot_count = slots or 4 * cores
     load_before = os.getloadavg()[0]
-    executor_rows = asyncio.run(compare(names, calls, baseline_calls, slot_count))
-    console.print(table(executor_rows, f"executors, {slot_count} slots, {cores} cores"))
-    if not FreshInterpreterSandbox(ExecutorSettings()).drop_uid:
-        console.print("note: the fresh-interpreter baseline ran without a per-call uid")
-    for snippet in names:
-        fork = next(r for r in executor_rows if r.snippet == snippet and r.target == "fork-server")
-        fresh = next(r for r in executor_rows if r.snippet == snippet and r.target != fork.target)
-        ratio = fork.calls_per_s / fresh.calls_per_s if fresh.calls_per_s else float("inf")
-        console.print(f"ratio {snippet}: fork-server / fresh-interpreter = {ratio:.1f}x")
+    rows: list[BenchRow] = []
+    extra: dict[str, float] = {}
 
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "rstar2_sandbox.cli", "serve", "--port", str(port),
-         "--log-level", "WARNING"],
-    )  # fmt: skip
-    try:
-        http_rows = asyncio.run(end_to_end(f"http://127.0.0.1:{port}", names, calls, batch_size))
-    finally:
-        server.send_signal(signal.SIGINT)
-        server.wait(30)
-    console.print(table(http_rows, "end to end over HTTP (rstar2-sandbox serve)"))
+    if "executor" in chosen:
+        executor_rows, baseline_uid = asyncio.run(compare(names, calls, baseline_calls, slot_count))
+        rows += executor_rows
+        console.print(table(executor_rows, f"executors, {slot_count} slots, {cores} cores"))
+        if not baseline_uid:
+            console.print("note: the fresh-interpreter baseline ran without a per-call uid")
+        for snippet in names:
+            fork = next(
+                r for r in executor_rows if r.snippet == snippet and r.target == "fork-server"
+            )
+            fresh = next(
+                r for r in executor_rows if r.snippet == snippet and r.target != fork.target
+            )
+            ratio = fork.calls_per_s / fresh.calls_per_s if fresh.calls_per_s else float("inf")
+            console.print(f"ratio {snippet}: fork-server / fresh-interpreter = {ratio:.1f}x")
+
+    if chosen & {"http", "codejudge"}:
+        with served(server_pythonpath) as (url, _):
+            if "http" in chosen:
+                http_rows = asyncio.run(end_to_end(url, names, calls, batch_size))
+                rows += http_rows
+                console.print(table(http_rows, "end to end over HTTP (rstar2-sandbox serve)"))
+            if "codejudge" in chosen:
+                judge_rows = asyncio.run(codejudge_template(url, calls, codejudge_rounds))
+                rows += judge_rows
+                console.print(table(judge_rows, "Code Judge API, /run/long-batch"))
+                plain, templated = judge_rows
+                extra["template_ratio"] = templated.calls_per_s / plain.calls_per_s
+                console.print(
+                    f"ratio stdlib: rStar2-Agent template / plain = {extra['template_ratio']:.2f}"
+                )
+
+    if "mixed" in chosen:
+        # A fresh server: its peak RSS is then this batch's.
+        with served(server_pythonpath) as (url, pid):
+            asyncio.run(wait_healthy(url, 120))
+            extra["idle_rss_mib"] = memory_mib(pid, "VmHWM")
+            mixed = asyncio.run(measure_mixed_batch(url, mixed_items))
+            extra["peak_rss_mib"] = memory_mib(pid, "VmHWM")
+        rows.append(mixed)
+        console.print(table([mixed], "one Code Judge batch, every 16th item printing 1 MiB"))
+        console.print(
+            f"front end peak RSS: {extra['peak_rss_mib']:.0f} MiB "
+            f"(after start-up: {extra['idle_rss_mib']:.0f} MiB)"
+        )
+
     load_after = os.getloadavg()[0]
     console.print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
     if json_out:
-        rows = [r.model_dump() for r in executor_rows + http_rows]
-        payload = {"cores": cores, "load": [load_before, load_after], "rows": rows}
+        payload = {
+            "cores": cores,
+            "load": [load_before, load_after],
+            "rows": [r.model_dump() for r in rows],
+            **extra,
+        }
         tmp = json_out + ".tmp"
         with open(tmp, "w") as handle:
             json.dump(payload, handle, indent=2)

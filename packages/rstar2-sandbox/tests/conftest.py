@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -31,6 +34,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def cpython_run(code: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """``code`` run by a fresh interpreter from a file ``main.py``, as a user would run it; the
+    file's absolute path (tracebacks, ``__file__``) shortened to ``main.py``, as the sandbox
+    names it."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "main.py")
+        with open(path, "w") as handle:
+            handle.write(code)
+        done = subprocess.run(
+            [sys.executable, "main.py"], cwd=directory, input=stdin, capture_output=True, text=True
+        )
+    done.stdout = done.stdout.replace(path, "main.py")
+    done.stderr = done.stderr.replace(path, "main.py")
+    return done
 
 
 def processes_of_uids(uids: range) -> list[tuple[int, int, str]]:

@@ -77,6 +77,10 @@ async def test_statuses_survive_the_transport(any_sandbox: Sandbox) -> None:
         RunStatus.OUTPUT_LIMIT_EXCEEDED,
     ]
     assert results[2].stdout == "y" * 100
+    assert results[2].stderr == (
+        "sandbox: stdout exceeded the output limit of 100 bytes (at least 5001 bytes were "
+        "written); the run was stopped\n"
+    )
 
 
 # -- client behaviour ---------------------------------------------------------------------------

@@ -8,6 +8,9 @@ import os
 import pytest
 
 from rstar2_sandbox import ExecutorSettings, LocalSandbox, RunRequest, RunStatus, Sandbox
+from rstar2_sandbox.agent_template import rstar2_agent_wrap
+
+from .conftest import cpython_run  # type: ignore[import-not-found]
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -55,6 +58,53 @@ async def test_syntax_error_is_reported_like_python(sandbox: LocalSandbox) -> No
     result = await sandbox.run(RunRequest(code="def f(:\n    pass\n"))
     assert result.status is RunStatus.RUNTIME_ERROR
     assert "SyntaxError" in result.stderr
+
+
+TRACEBACK_CASES = [
+    "x = [1, 2]\ny = 1 + x[5]",  # the last line, without a final newline
+    "x = [1, 2]\ny = 1 + x[5]\n",
+    "import math\nprint(math.sqrt(-1) + 2)",
+    "def f(a):\n    return a.b + 1\n\nf(3)",
+    "d = {'k': 1}\nprint(d['k'] + d['missing'])",
+    "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    raise ValueError('bad') from e",
+    "s = 'a\\x0cb\\u2028c'\nprint(len(s))\nint('x')",  # form feed, line separator in a string
+    "x = 1\r\ny = x + None",
+    "import json\njson.loads('{')",
+    "def f(:\n    pass",
+    "print('unclosed",
+    "if True:\npass",
+    "x = 1\nglobal x",  # a compiler error, not a parser error
+    "def f():\n    nonlocal y\n",
+    "print(__file__)\nprint(__name__)\nraise SystemExit('bye')",
+]
+
+
+@pytest.mark.parametrize("code", TRACEBACK_CASES)
+async def test_output_and_tracebacks_match_cpython(sandbox: LocalSandbox, code: str) -> None:
+    """What a model reads back is what Python itself prints for the same file, carets and all."""
+    expected = cpython_run(code)
+    result = await sandbox.run(RunRequest(code=code))
+    assert (result.stdout, result.stderr) == (expected.stdout, expected.stderr)
+    assert result.exit_code == expected.returncode
+
+
+async def test_file_is_defined_as_the_name_tracebacks_show(sandbox: LocalSandbox) -> None:
+    code = "import os\nprint(__file__, os.path.basename(__file__))\n1 / 0"
+    result = await sandbox.run(RunRequest(code=code))
+    assert result.stdout == "main.py main.py\n"
+    assert 'File "main.py", line 3' in result.stderr
+
+
+async def test_exit_handlers_of_the_run_run_at_exit(sandbox: LocalSandbox) -> None:
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(print, 'second')\n"
+        "atexit.register(print, 'first')\n"
+        "print('main')\n"
+        "sys.exit(3)\n"
+    )
+    result = await sandbox.run(RunRequest(code=code))
+    assert (result.stdout, result.exit_code) == ("main\nfirst\nsecond\n", 3)
 
 
 @pytest.mark.parametrize(
@@ -204,6 +254,14 @@ async def test_a_dead_fork_server_fails_its_calls_and_is_replaced(sandbox: Local
         ("import os, numpy.linalg", True),
         ("m = __import__('numpy')", True),
         ("import importlib\nimportlib.import_module('sympy')", True),
+        ("exec('import math')", True),
+        # Code wrapped as rStar2-Agent's client sends it: routed by the code it carries.
+        (rstar2_agent_wrap("import math\nprint(math.comb(10, 3))"), False),
+        (rstar2_agent_wrap("x = 2\nx ** 10", history=["import fractions"]), False),
+        (rstar2_agent_wrap("import numpy as np\nnp.eye(2)"), True),
+        (rstar2_agent_wrap("print(1)", history=["import sympy"]), True),
+        ("import base64\nexec(base64.b64decode('aW1wb3J0IG51bXB5').decode())", True),
+        ("import base64\nraw = base64.b64decode('//79')\nexec('x = 1')", True),  # not code
     ],
 )
 async def test_stdlib_only_code_runs_on_the_lean_tier(

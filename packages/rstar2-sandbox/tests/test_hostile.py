@@ -4,6 +4,8 @@ keeps serving afterwards."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 from collections.abc import Callable
 
 import pytest
@@ -137,7 +139,7 @@ async def test_killing_everything_it_can(
     assert result.stdout == "alone\n"
 
 
-@pytest.mark.parametrize("target", ["/etc/rstar2-pwned", "/tmp/rstar2-pwned", "../rstar2-pwned"])
+@pytest.mark.parametrize("target", ["/etc/rstar2-pwned", "/var/tmp/rstar2-pwned", "/rstar2-pwned"])
 async def test_writing_outside_the_working_directory(
     sandbox: LocalSandbox, no_leftovers: Callable[[], None], target: str
 ) -> None:
@@ -147,6 +149,41 @@ async def test_writing_outside_the_working_directory(
     result = await hostile(sandbox, no_leftovers, code)
     assert result.status is RunStatus.RUNTIME_ERROR
     assert "PermissionError" in result.stderr
+
+
+async def test_writing_tmp_and_shm_stays_inside_the_run(
+    sandbox: LocalSandbox, no_leftovers: Callable[[], None]
+) -> None:
+    """/tmp, /dev/shm and the working directory's parent are the run's own: writable, seen by
+    no other run (not even one running meanwhile) nor the host, and gone when the run ends."""
+    if not sandbox.isolation.run_tmp.active:
+        pytest.skip("runs have their own /tmp only with mount namespaces")
+    paths = ["/tmp/rstar2-pwned", "/dev/shm/rstar2-pwned", "../rstar2-pwned-too"]
+    writer = (
+        "import time\n"
+        f"for path in {paths!r}:\n"
+        "    open(path, 'w').write('pwned')\n"
+        "print('written', flush=True)\n"
+        "time.sleep(3)\n"
+    )
+    task = asyncio.create_task(sandbox.run(RunRequest(code=writer, timeout_s=10)))
+    await asyncio.sleep(1.5)
+    looker = (
+        "import os, glob\n"
+        "print(sorted(glob.glob('/tmp/**/rstar2-pwned*', recursive=True)))\n"
+        "print(sorted(glob.glob('/dev/shm/*')))\n"
+    )
+    during = await sandbox.run(RunRequest(code=looker))
+    first = await task
+    after = await hostile(sandbox, no_leftovers, looker)
+    assert first.status is RunStatus.SUCCESS, first.stderr
+    assert first.stdout == "written\n"
+    for seen in (during, after):
+        assert seen.status is RunStatus.SUCCESS, seen.stderr
+        assert seen.stdout == "[]\n[]\n"
+    # Nor did anything reach the host's directories.
+    for host_path in ("/tmp/rstar2-pwned", "/dev/shm/rstar2-pwned"):
+        assert not await asyncio.to_thread(os.path.exists, host_path)
 
 
 async def test_reading_another_runs_files(
@@ -176,7 +213,13 @@ async def test_reading_another_runs_files(
     assert first.status is RunStatus.SUCCESS
     assert "run A secret" not in result.stdout
     assert "found" not in result.stdout
-    assert "listing denied" in result.stdout
+    if sandbox.isolation.run_tmp.active:
+        # The parent is the reader's own /tmp: the writer's directory is not in it.
+        writer_dir = os.path.basename(first.stdout.strip())
+        assert "listing [" in result.stdout
+        assert writer_dir not in result.stdout
+    else:
+        assert "listing denied" in result.stdout
     no_leftovers()
 
 
@@ -204,6 +247,14 @@ async def test_connecting_to_a_loopback_listener(
     assert connections == []
 
 
+def output_note(stream: str, limit: int) -> re.Pattern[str]:
+    """The line the sandbox adds when ``stream`` went over its cap (how much was written)."""
+    return re.compile(
+        rf"sandbox: {stream} exceeded the output limit of {limit} bytes "
+        r"\(at least (\d+) bytes were written\); the run was stopped\n$"
+    )
+
+
 async def test_printing_100_mb(sandbox: LocalSandbox, no_leftovers: Callable[[], None]) -> None:
     code = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(chunk)"
     limit = 1 << 20
@@ -211,8 +262,11 @@ async def test_printing_100_mb(sandbox: LocalSandbox, no_leftovers: Callable[[],
     assert result.status is RunStatus.OUTPUT_LIMIT_EXCEEDED
     assert result.stdout_truncated
     assert len(result.stdout) == limit
-    # Stopped at the cap, not after writing everything.
+    # Stopped at the cap, not after writing everything; stderr says why and how much came.
     assert result.wall_time_s < 5
+    note = output_note("stdout", limit).fullmatch(result.stderr)
+    assert note is not None, result.stderr
+    assert limit < int(note.group(1)) <= 100 * limit
 
 
 async def test_flooding_stderr(sandbox: LocalSandbox, no_leftovers: Callable[[], None]) -> None:
@@ -220,22 +274,27 @@ async def test_flooding_stderr(sandbox: LocalSandbox, no_leftovers: Callable[[],
     result = await hostile(sandbox, no_leftovers, code, output_limit_bytes=100_000)
     assert result.status is RunStatus.OUTPUT_LIMIT_EXCEEDED
     assert result.stderr_truncated
-    assert len(result.stderr) == 100_000
+    # The captured 100,000 bytes, then on a line of its own the sandbox's note (after the cap:
+    # it is not the run's output).
+    captured, note = result.stderr[:100_000], result.stderr[100_000:]
+    assert captured == "e" * 100_000
+    assert output_note("stderr", 100_000).fullmatch(note.removeprefix("\n")) is not None
+    assert note.startswith("\n")
 
 
 async def test_writing_a_huge_file(sandbox: LocalSandbox, no_leftovers: Callable[[], None]) -> None:
     limit = sandbox.pool.settings.max_file_bytes
     code = f"with open('big.bin', 'wb') as f:\n    f.write(b'x' * {limit + (1 << 20)})\n"
     result = await hostile(sandbox, no_leftovers, code, memory_mb=1024)
-    assert result.status is RunStatus.RUNTIME_ERROR
+    # A write limit, reported like the output caps: the status and a line saying which.
+    assert result.status is RunStatus.OUTPUT_LIMIT_EXCEEDED
     assert "File too large" in result.stderr
+    assert result.stderr.endswith(f"sandbox: a file reached the file-size limit of {limit} bytes\n")
 
 
 async def test_reading_the_planted_secret_from_the_server_environment(
     sandbox: LocalSandbox, no_leftovers: Callable[[], None]
 ) -> None:
-    import os
-
     if not sandbox.isolation.unprivileged_uid.active:
         pytest.skip("processes of one user can read each other's environment")
     secret = os.environ["RSTAR2_TEST_SECRET"]

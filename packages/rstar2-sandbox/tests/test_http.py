@@ -198,6 +198,69 @@ async def test_codejudge_batch(http: tuple[aiohttp.ClientSession, str], path: st
     assert results[7]["success"] is True
 
 
+async def test_codejudge_output_limit_has_a_reason_and_says_why(
+    http: tuple[aiohttp.ClientSession, str],
+) -> None:
+    """rStar2-Agent's client prints ``reason`` and stderr: both say what stopped the run."""
+    flood = "import sys\nsys.stdout.write('x' * (3 << 20))"
+    submissions = [
+        {"type": "python", "solution": flood},
+        {"type": "python", "solution": "print('ok')"},
+    ]
+    status, body = await post(
+        http, "/run/long-batch", {"type": "batch", "submissions": submissions}
+    )
+    assert status == 200
+    cut, fine = body["results"]
+    assert (cut["success"], cut["run_success"], cut["reason"]) == (
+        False,
+        False,
+        "output_limit_exceeded",
+    )
+    limit = 1 << 20
+    assert cut["stdout"] == "x" * limit
+    assert cut["stderr"].startswith(f"sandbox: stdout exceeded the output limit of {limit} bytes")
+    assert (fine["reason"], fine["stdout"]) == ("", "ok\n")
+
+
+async def test_codejudge_batch_echoes_its_sub_id(http: tuple[aiohttp.ClientSession, str]) -> None:
+    body = {
+        "type": "batch",
+        "sub_id": "batch-7",
+        "submissions": [{"type": "python", "solution": "1"}],
+    }
+    status, reply = await post(http, "/run/batch", body)
+    assert (status, reply["sub_id"]) == (200, "batch-7")
+
+
+async def test_codejudge_output_is_whole_unless_asked() -> None:
+    """Off by default; with ``codejudge_output_chars``, cut like Code Judge (first N chars)."""
+    code = "import sys\nprint('a' * 3000)\nsys.stderr.write('e' * 1500)"
+    submission = {"type": "python", "solution": code}
+    for chars, out, err in ((None, 3001, 1500), (1000, 1000, 1000)):
+        server = await start_service(
+            ExecutorSettings(servers=1, slots=1, preload=[]),
+            ServerSettings(codejudge_output_chars=chars),
+        )
+        url = str(server.make_url("")).rstrip("/")
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.post(url + "/run", json=submission) as response:
+                    single = await response.json()
+                batch = {"type": "batch", "submissions": [submission]}
+                async with session.post(url + "/run/long-batch", json=batch) as response:
+                    (batched,) = (await response.json())["results"]
+                # Only the Code Judge API is cut.
+                async with session.post(url + "/v1/run", json={"code": code}) as response:
+                    native = await response.json()
+        finally:
+            await server.close()
+        for result in (single, batched):
+            assert (len(result["stdout"]), len(result["stderr"])) == (out, err)
+            assert result["stdout"] == ("a" * 3000 + "\n")[:out]
+        assert (len(native["stdout"]), len(native["stderr"])) == (3001, 1500)
+
+
 # -- SandboxFusion ----------------------------------------------------------------------------
 
 
@@ -209,6 +272,15 @@ async def test_sandboxfusion_success(http: tuple[aiohttp.ClientSession, str]) ->
     assert body["run_result"]["status"] == "Finished"
     assert body["run_result"]["return_code"] == 0
     assert body["run_result"]["stdout"] == "hey\n"
+
+
+async def test_sandboxfusion_output_limit_says_why(
+    http: tuple[aiohttp.ClientSession, str],
+) -> None:
+    code = "import sys\nsys.stdout.write('x' * (3 << 20))"
+    status, body = await post(http, "/run_code", {"code": code})
+    assert (status, body["status"], body["message"]) == (200, "Failed", "output_limit_exceeded")
+    assert body["run_result"]["stderr"].startswith("sandbox: stdout exceeded the output limit")
 
 
 async def test_sandboxfusion_failure_and_timeout(http: tuple[aiohttp.ClientSession, str]) -> None:

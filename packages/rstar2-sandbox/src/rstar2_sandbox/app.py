@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from rstar2_sandbox.api import codejudge, native, sandboxfusion
-from rstar2_sandbox.api.common import DISPATCHER, METRICS, SETTINGS
+from rstar2_sandbox.api.common import DISPATCHER, METRICS, RESPONSE_BUDGET, SETTINGS
+from rstar2_sandbox.api.streaming import ResponseBudget
 from rstar2_sandbox.dispatch import Dispatcher
 from rstar2_sandbox.metrics import Metrics
 from rstar2_sandbox.settings import ServerSettings
@@ -46,6 +47,7 @@ def create_app(dispatcher: Dispatcher, settings: ServerSettings | None = None) -
     app[DISPATCHER] = dispatcher
     app[SETTINGS] = settings
     app[METRICS] = Metrics(dispatcher.stats)
+    app[RESPONSE_BUDGET] = ResponseBudget(settings.response_buffer_mb << 20)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await dispatcher.start()

@@ -10,16 +10,19 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+import aiohttp
 from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from rstar2_sandbox.agent_template import rstar2_agent_wrap
 from rstar2_sandbox.models import RunRequest, RunStatus
 from rstar2_sandbox.protocol import Sandbox
 
 SNIPPETS: dict[str, str] = {
     "trivial": "print(1 + 1)",
+    "stdlib": "import math\nprint(math.comb(40, 20))",
     "numpy": "import numpy as np\nprint(np.linalg.det(np.eye(3) * 2))",
     "sympy": "import sympy as sp\nx = sp.Symbol('x')\nprint(sp.factor(x**4 - 1))",
 }
@@ -115,6 +118,72 @@ async def measure_batch(
         latencies.extend([time.perf_counter() - began] * size)
         failed += sum(r.status is not RunStatus.SUCCESS for r in results)
     return _row(target, snippet, "batch", chunk, latencies, failed, time.perf_counter() - started)
+
+
+async def measure_codejudge(
+    url: str,
+    snippet: str,
+    calls: int,
+    *,
+    batch: int = 64,
+    concurrency: int = 8,
+    wrap: bool = False,
+) -> BenchRow:
+    """Code Judge API throughput: ``calls`` submissions of a snippet to ``/run/long-batch`` in
+    batches of ``batch``, ``concurrency`` batches in flight; ``wrap``: as rStar2-Agent's client
+    sends them (``rstar2_agent_wrap``)."""
+    code = rstar2_agent_wrap(SNIPPETS[snippet]) if wrap else SNIPPETS[snippet]
+    latencies: list[float] = []
+    failed = 0
+    limit = asyncio.Semaphore(concurrency)
+    timeout = aiohttp.ClientTimeout(total=None)
+
+    async def send(session: aiohttp.ClientSession, size: int) -> None:
+        nonlocal failed
+        body = {"type": "batch", "submissions": [{"type": "python", "solution": code}] * size}
+        async with limit:
+            began = time.perf_counter()
+            async with session.post(f"{url}/run/long-batch", json=body) as response:
+                response.raise_for_status()
+                results = (await response.json())["results"]
+            latencies.extend([time.perf_counter() - began] * size)
+            failed += sum(not r["success"] for r in results)
+
+    started = time.perf_counter()
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        sizes = [min(batch, calls - offset) for offset in range(0, calls, batch)]
+        await asyncio.gather(*(send(session, size) for size in sizes))
+    name = f"{snippet} (rStar2-Agent template)" if wrap else snippet
+    return _row("codejudge", name, "batch", batch, latencies, failed, time.perf_counter() - started)
+
+
+async def measure_mixed_batch(
+    url: str, items: int = 4096, *, big_every: int = 16, big_bytes: int = 1 << 20
+) -> BenchRow:
+    """One Code Judge batch of ``items`` calls, every ``big_every``-th printing ``big_bytes``
+    (the rest trivial), sent whole as rStar2-Agent's client sends a step's tool calls."""
+    big = f"import sys\nsys.stdout.write('x' * {big_bytes})"
+    submissions = [
+        {"type": "python", "solution": big if i % big_every == 0 else f"print({i})"}
+        for i in range(items)
+    ]
+    failed = 0
+    started = time.perf_counter()
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.post(
+            f"{url}/run/long-batch", json={"type": "batch", "submissions": submissions}
+        ) as response,
+    ):
+        response.raise_for_status()
+        results = (await response.json())["results"]
+    seconds = time.perf_counter() - started
+    for i, result in enumerate(results):
+        expected = big_bytes if i % big_every == 0 else len(f"{i}\n")
+        failed += not result["success"] or len(result["stdout"]) != expected
+    failed += items - len(results)
+    return _row("codejudge", "mixed", "one batch", items, [seconds] * items, failed, seconds)
 
 
 async def run_suite(

@@ -13,6 +13,8 @@ app = typer.Typer(
     help="Isolated, high-throughput execution of untrusted Python.",
     no_args_is_help=True,
     add_completion=False,
+    # Plain help: it wraps between words at any width, where rich's option panels cut words.
+    rich_markup_mode=None,
 )
 
 
@@ -44,10 +46,29 @@ RedisPrefix = Annotated[
     typer.Option(help="Prefix of the cluster's Redis keys (the same on front ends and workers)."),
 ]
 LogLevel = Annotated[str, typer.Option(help="Logging level (DEBUG, INFO, WARNING...).")]
+TmpSize = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Quota of each run's own /tmp in MiB, its working directory included (a tmpfs "
+        "no other run sees, emptied after each run; needs mount namespaces).",
+    ),
+]
+ShmSize = Annotated[
+    int,
+    typer.Option(
+        min=1, help="Quota of each run's own /dev/shm in MiB (multiprocessing, shared memory)."
+    ),
+]
 
 
 def _executor_settings(
-    servers: int | None, slots: int | None, preload: str | None, isolate: bool
+    servers: int | None,
+    slots: int | None,
+    preload: str | None,
+    isolate: bool,
+    tmp_size_mb: int,
+    shm_size_mb: int,
 ) -> ExecutorSettings:
     modules = (
         default_preload()
@@ -55,7 +76,12 @@ def _executor_settings(
         else [name.strip() for name in preload.split(",") if name.strip()]
     )
     return ExecutorSettings(
-        servers=servers or default_servers(), slots=slots, preload=modules, isolate=isolate
+        servers=servers or default_servers(),
+        slots=slots,
+        preload=modules,
+        isolate=isolate,
+        tmp_size_mb=tmp_size_mb,
+        shm_size_mb=shm_size_mb,
     )
 
 
@@ -76,10 +102,36 @@ def serve(
     ] = None,
     preload: Preload = None,
     isolate: Isolate = True,
+    tmp_size_mb: TmpSize = 256,
+    shm_size_mb: ShmSize = 64,
     max_queue: Annotated[
         int, typer.Option(help="Calls allowed to wait for a slot; beyond it: 503 + Retry-After.")
     ] = 16384,
     max_batch: Annotated[int, typer.Option(help="Most calls in one batch request.")] = 4096,
+    max_body_mb: Annotated[
+        int, typer.Option(min=1, help="Largest request body in MiB; beyond it: 413.")
+    ] = 256,
+    response_buffer_mb: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Memory in MiB for batch results that finish before their turn to be streamed "
+            "(all responses together); beyond it they wait in temporary files.",
+        ),
+    ] = 64,
+    spool_dir: Annotated[
+        str | None,
+        typer.Option(help="Directory of those temporary files (default: the system's)."),
+    ] = None,
+    codejudge_output_chars: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Cut stdout and stderr of Code Judge API results to their first N characters, "
+            "as Code Judge does (it cuts at 1000, which rStar2-Agent's client expects). "
+            "Default: not cut.",
+        ),
+    ] = None,
     redis: Annotated[
         str | None,
         typer.Option(
@@ -99,8 +151,17 @@ def serve(
     from rstar2_sandbox.settings import ServerSettings
 
     _configure_logging(log_level)
-    executor = _executor_settings(servers, slots, preload, isolate)
-    settings = ServerSettings(host=host, port=port, max_queue=max_queue, max_batch=max_batch)
+    executor = _executor_settings(servers, slots, preload, isolate, tmp_size_mb, shm_size_mb)
+    settings = ServerSettings(
+        host=host,
+        port=port,
+        max_queue=max_queue,
+        max_batch=max_batch,
+        max_body_bytes=max_body_mb << 20,
+        response_buffer_mb=response_buffer_mb,
+        spool_dir=spool_dir,
+        codejudge_output_chars=codejudge_output_chars,
+    )
     dispatcher: Dispatcher
     if redis is None:
         dispatcher = LocalDispatcher(executor, max_queue=max_queue)
@@ -128,6 +189,8 @@ def worker(
     servers: Servers = None,
     preload: Preload = None,
     isolate: Isolate = True,
+    tmp_size_mb: TmpSize = 256,
+    shm_size_mb: ShmSize = 64,
     redis_prefix: RedisPrefix = "rstar2:sandbox",
     lease_s: Annotated[
         float,
@@ -162,7 +225,7 @@ def worker(
     from rstar2_sandbox.cluster.node import run_worker_node
 
     _configure_logging(log_level)
-    executor = _executor_settings(servers, slots, preload, isolate)
+    executor = _executor_settings(servers, slots, preload, isolate, tmp_size_mb, shm_size_mb)
     cluster = ClusterSettings(
         key_prefix=redis_prefix, lease_s=lease_s, max_deliveries=max_deliveries
     )
@@ -179,7 +242,7 @@ def bench(
         "http://127.0.0.1:8080"
     ),
     snippets: Annotated[
-        str, typer.Option(help="Comma-separated snippets: trivial, numpy, sympy.")
+        str, typer.Option(help="Comma-separated snippets: trivial, stdlib, numpy, sympy.")
     ] = "trivial,numpy,sympy",
     sequential_calls: Annotated[
         int, typer.Option(help="Calls made one at a time per snippet (latency; 0 to skip).")

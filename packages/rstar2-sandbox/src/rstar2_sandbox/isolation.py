@@ -31,6 +31,10 @@ class IsolationReport(BaseModel):
     private_tmp: IsolationFeature = Field(
         description="Shared writable directories are hidden behind private, root-owned tmpfs."
     )
+    run_tmp: IsolationFeature = Field(
+        default_factory=lambda: IsolationFeature(active=False, detail="not reported"),
+        description="Each run has its own /tmp and /dev/shm, with quotas, freed when it ends.",
+    )
     subreaper: IsolationFeature = Field(
         description="Orphaned descendants re-parent to the fork-server, which kills and reaps them."
     )

@@ -28,3 +28,19 @@ class ServerSettings(BaseModel):
         le=300,
         description="Wall-clock limit for Code Judge calls, which carry none.",
     )
+    codejudge_output_chars: int | None = Field(
+        default=None,
+        ge=0,
+        description="Cut Code Judge stdout and stderr to their first N characters, as Code Judge "
+        "itself does (1000 there; rStar2-Agent's client expects it). None: send them whole.",
+    )
+    response_buffer_mb: int = Field(
+        default=64,
+        ge=1,
+        description="Memory for batch results that finish before their turn to be streamed, "
+        "over all responses (MiB); beyond it they wait in a temporary file.",
+    )
+    spool_dir: str | None = Field(
+        default=None,
+        description="Directory of those temporary files (default: the system's temp directory).",
+    )

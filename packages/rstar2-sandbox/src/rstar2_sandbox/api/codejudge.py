@@ -7,20 +7,34 @@ client may send that this service does not use are accepted and ignored, so exis
 
 from __future__ import annotations
 
-import asyncio
+import json
 import uuid
 from typing import Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from rstar2_sandbox.api.common import SETTINGS, check_batch, execute, parse_body
+from rstar2_sandbox.api.common import SETTINGS, check_batch, execute, parse_body, stream_results
 from rstar2_sandbox.dispatch import QueueFullError
 from rstar2_sandbox.models import MAX_CODE_BYTES, MAX_STDIN_BYTES, RunRequest, RunResult, RunStatus
 
 routes = web.RouteTableDef()
 
-Reason = Literal["", "internal_error", "worker_timeout", "queue_timeout", "invalid_input"]
+# Code Judge's reasons, and one of this service's: the run wrote more than a limit allows
+# (stdout/stderr cap, file size, its /tmp quota; stderr ends with a line saying which).
+Reason = Literal[
+    "",
+    "internal_error",
+    "worker_timeout",
+    "queue_timeout",
+    "invalid_input",
+    "output_limit_exceeded",
+]
+_REASONS: dict[RunStatus, Reason] = {
+    RunStatus.TIMEOUT: "worker_timeout",
+    RunStatus.INTERNAL_ERROR: "internal_error",
+    RunStatus.OUTPUT_LIMIT_EXCEEDED: "output_limit_exceeded",
+}
 
 
 class Submission(BaseModel):
@@ -43,6 +57,7 @@ class BatchSubmission(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     type: Literal["batch"] = "batch"
+    sub_id: str | None = Field(default=None, description="Caller's id of the batch, echoed back.")
     submissions: list[Submission]
 
 
@@ -59,14 +74,17 @@ class JudgeResult(BaseModel):
 
 
 class BatchResult(BaseModel):
-    """A Code Judge batch response."""
+    """A Code Judge batch response (streamed by ``_batch`` in this shape)."""
 
     sub_id: str
     results: list[JudgeResult]
 
 
-def _judge(submission: Submission, result: RunResult | None) -> JudgeResult:
-    """Code Judge's view of a result (``None``: the queue refused the call)."""
+def _judge(
+    submission: Submission, result: RunResult | None, output_chars: int | None = None
+) -> JudgeResult:
+    """Code Judge's view of a result (``None``: the queue refused the call), its stdout and
+    stderr cut to ``output_chars`` when given."""
     sub_id = submission.sub_id if submission.sub_id is not None else uuid.uuid4().hex
     if result is None:
         return JudgeResult(
@@ -78,11 +96,6 @@ def _judge(submission: Submission, result: RunResult | None) -> JudgeResult:
             stderr="",
             reason="queue_timeout",
         )
-    reason: Reason = ""
-    if result.status is RunStatus.TIMEOUT:
-        reason = "worker_timeout"
-    elif result.status is RunStatus.INTERNAL_ERROR:
-        reason = "internal_error"
     run_success = result.ok
     success = run_success and (
         submission.expected_output is None
@@ -93,23 +106,24 @@ def _judge(submission: Submission, result: RunResult | None) -> JudgeResult:
         success=success,
         run_success=run_success,
         cost=result.wall_time_s,
-        stdout=result.stdout,
-        stderr=result.stderr,
-        reason=reason,
+        stdout=result.stdout[:output_chars],
+        stderr=result.stderr[:output_chars],
+        reason=_REASONS.get(result.status, ""),
     )
 
 
 async def _run(app: web.Application, submission: Submission) -> JudgeResult:
+    settings = app[SETTINGS]
     request = RunRequest(
         code=submission.solution,
         stdin=submission.input or "",
-        timeout_s=app[SETTINGS].compat_timeout_s,
+        timeout_s=settings.compat_timeout_s,
     )
     try:
         result: RunResult | None = await execute(app, request, "codejudge")
     except QueueFullError:
         result = None
-    return _judge(submission, result)
+    return _judge(submission, result, settings.codejudge_output_chars)
 
 
 def _json(model: BaseModel) -> web.Response:
@@ -129,11 +143,18 @@ async def run(request: web.Request) -> web.Response:
     return _json(await _run(request.app, submission))
 
 
-async def _batch(request: web.Request) -> web.Response:
+async def _batch(request: web.Request) -> web.StreamResponse:
+    """Run a batch; results streamed in request order (a ``BatchResult``); a call the queue
+    refuses gets ``reason: queue_timeout``, as in Code Judge."""
     batch = await parse_body(request, BatchSubmission)
     check_batch(request.app, len(batch.submissions), "submissions")
-    results = await asyncio.gather(*(_run(request.app, s) for s in batch.submissions))
-    return _json(BatchResult(sub_id=uuid.uuid4().hex, results=list(results)))
+
+    async def produce(index: int) -> bytes:
+        return (await _run(request.app, batch.submissions[index])).model_dump_json().encode()
+
+    sub_id = batch.sub_id if batch.sub_id is not None else uuid.uuid4().hex
+    head = b'{"sub_id":' + json.dumps(sub_id).encode() + b',"results":['
+    return await stream_results(request, len(batch.submissions), produce, head=head)
 
 
 routes.post("/run/batch")(_batch)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,6 +14,7 @@ from rstar2_sandbox.api.common import (
     execute,
     parse_body,
     queue_full,
+    stream_results,
 )
 from rstar2_sandbox.dispatch import DispatcherStats, QueueFullError
 from rstar2_sandbox.isolation import IsolationReport
@@ -23,9 +22,7 @@ from rstar2_sandbox.models import (
     MAX_CODE_BYTES,
     MAX_STDIN_BYTES,
     BatchRequest,
-    BatchResponse,
     RunRequest,
-    RunResult,
 )
 
 routes = web.RouteTableDef()
@@ -74,22 +71,19 @@ async def run(request: web.Request) -> web.Response:
 
 
 @routes.post("/v1/run/batch")
-async def run_batch(request: web.Request) -> web.Response:
-    """Run many calls concurrently; results in request order."""
+async def run_batch(request: web.Request) -> web.StreamResponse:
+    """Run many calls concurrently; results streamed in request order (a ``BatchResponse``)."""
     batch = await parse_body(request, BatchRequest)
     check_batch(request.app, len(batch.requests), "requests")
-    outcomes = await asyncio.gather(
-        *(execute(request.app, call, "native") for call in batch.requests),
-        return_exceptions=True,
-    )
-    results: list[RunResult] = []
-    for outcome in outcomes:
-        if isinstance(outcome, QueueFullError):
-            raise queue_full(outcome)
-        if isinstance(outcome, BaseException):
-            raise outcome
-        results.append(outcome)
-    return _json(BatchResponse(results=results))
+
+    async def produce(index: int) -> bytes:
+        result = await execute(request.app, batch.requests[index], "native")
+        return result.model_dump_json().encode()
+
+    try:
+        return await stream_results(request, len(batch.requests), produce, head=b'{"results":[')
+    except QueueFullError as exc:
+        raise queue_full(exc) from exc
 
 
 @routes.get("/healthz")

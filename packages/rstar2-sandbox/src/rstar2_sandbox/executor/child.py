@@ -7,6 +7,7 @@ ends in ``os._exit``. Standard library only (see ``syscalls``).
 from __future__ import annotations
 
 import ast
+import atexit
 import builtins
 import io
 import linecache
@@ -20,7 +21,7 @@ import types
 from dataclasses import dataclass
 from typing import NoReturn
 
-from rstar2_sandbox.executor.syscalls import set_parent_death_signal
+from rstar2_sandbox.executor.syscalls import CLONE_NEWNS, set_parent_death_signal, setns
 
 FILENAME = "main.py"
 STATUS_FD = 3
@@ -51,11 +52,17 @@ def minimal_environment() -> dict[str, str]:
     return env
 
 
+Split = tuple[types.CodeType, str]
+"""Code as its compiled prefix (cached by the fork-server, see ``prefix_cache``) and the source
+of the rest, padded with newlines so that its line numbers are those of the whole."""
+
+
 @dataclass(frozen=True)
 class ChildPlan:
     """Everything the child needs, prepared by the fork-server before forking."""
 
     code: str
+    split: Split | None  # the code split at a cached prefix, when it starts with one
     display_last_expr: bool
     stdin_fd: int
     stdout_fd: int
@@ -63,6 +70,9 @@ class ChildPlan:
     status_fd: int
     workdir: str
     uid: int | None  # None: keep the server's uid (not root)
+    # The slot's mount namespace (its own /tmp and /dev/shm, see ``slot_tmp``); None: the run
+    # shares the fork-server's view and keeps its files in ``workdir`` only.
+    mount_ns_fd: int | None
     mapped_bytes: int  # what the fork-server maps: the child starts with all of it
     address_space_bytes: int
     cpu_seconds: int
@@ -91,7 +101,11 @@ def child_main(plan: ChildPlan) -> NoReturn:
         finally:
             os._exit(SETUP_FAILED)
     os.close(STATUS_FD)
-    os._exit(_execute(plan.code, plan.display_last_expr))
+    exit_code = 1
+    try:
+        exit_code = _execute(plan)
+    finally:
+        os._exit(exit_code)
 
 
 def _set_limit(which: int, value: int) -> None:
@@ -99,6 +113,9 @@ def _set_limit(which: int, value: int) -> None:
 
 
 def _confine(plan: ChildPlan) -> None:
+    if plan.mount_ns_fd is not None:
+        # First, before any descriptor is moved: the handle is one of the fork-server's.
+        setns(plan.mount_ns_fd, CLONE_NEWNS)
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_DFL)
@@ -134,7 +151,8 @@ def _confine(plan: ChildPlan) -> None:
         raise RuntimeError("fork-server exited during setup")
 
     # The fork-server's environment is already minimal (nothing of the service's).
-    os.environ["HOME"] = os.environ["TMPDIR"] = plan.workdir
+    os.environ["HOME"] = plan.workdir
+    os.environ["TMPDIR"] = "/tmp" if plan.mount_ns_fd is not None else plan.workdir
     sys.stdin = io.TextIOWrapper(
         io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8"
     )
@@ -153,8 +171,19 @@ def _confine(plan: ChildPlan) -> None:
     if numpy is not None:
         # Forked children share the parent's generator state; ``random`` reseeds itself at fork.
         numpy.random.seed()
-    # Tracebacks quote the source from here (writing a file would cost more than the run).
-    linecache.cache[FILENAME] = (len(plan.code), None, plan.code.splitlines(True), FILENAME)
+    # Tracebacks quote the source from here (writing a file would cost more than the run). The
+    # lines are those linecache reads from a file: universal newlines, and a final newline even
+    # when the source lacks one (without it, carets under the last line shift by a column).
+    lines = io.StringIO(plan.code, newline=None).readlines()
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    linecache.cache[FILENAME] = (len(plan.code), None, lines, FILENAME)
+    # Exit handlers are the run's own (as at interpreter exit): the fork-server's are not run,
+    # except multiprocessing's, which a preload may have imported and which stops worker pools.
+    atexit._clear()
+    multiprocessing_util = sys.modules.get("multiprocessing.util")
+    if multiprocessing_util is not None:
+        atexit.register(multiprocessing_util._exit_function)
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -172,16 +201,46 @@ def _print_user_traceback(exc: BaseException) -> None:
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != FILENAME:
         tb = tb.tb_next
+    if tb is None and isinstance(exc, SyntaxError):
+        # main.py did not compile: the interpreter's own printer, whose carets under a syntax
+        # error differ from the traceback module's. Some errors (the compiler's, not the
+        # parser's) leave the line for the printer to read from the file: give it ours.
+        if exc.text is None and exc.filename == FILENAME and exc.lineno:
+            exc.text = linecache.getline(FILENAME, exc.lineno) or None
+        sys.__excepthook__(type(exc), exc.with_traceback(None), None)
+        return
     traceback.print_exception(type(exc), exc, tb)
 
 
-def _execute(code: str, display_last_expr: bool) -> int:
+def compiled_parts(code: str, split: Split | None) -> list[types.CodeType]:
+    """The code objects to run in turn: the cached prefix and the rest, or the whole code.
+
+    The rest must stand alone: it compiles by itself (else the whole code decides, say an
+    ``else:`` that continues the prefix), it is no docstring and holds no ``__future__`` import
+    or ``global`` statement (each means something else in a module of its own).
+    """
+    if split is not None:
+        prefix, rest = split
+        if "__future__" not in rest and "global" not in rest:
+            try:
+                compiled = compile(rest, FILENAME, "exec")
+            except (SyntaxError, ValueError):
+                pass
+            else:
+                if "__doc__" not in compiled.co_names:
+                    return [prefix, compiled]
+    return [compile(code, FILENAME, "exec")]
+
+
+def _execute(plan: ChildPlan) -> int:
+    code = plan.code
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins
+    main.__dict__["__file__"] = FILENAME
     sys.modules["__main__"] = main
     exit_code = 0
     try:
-        if display_last_expr:
+        if plan.display_last_expr:
             tree = ast.parse(code, FILENAME)
             last = tree.body[-1] if tree.body else None
             trailing = last if isinstance(last, ast.Expr) else None
@@ -195,16 +254,20 @@ def _execute(code: str, display_last_expr: bool) -> int:
                 if value is not None and not (isinstance(stdout, _TrackingWriter) and stdout.wrote):
                     print(repr(value))
         else:
-            exec(compile(code, FILENAME, "exec"), main.__dict__)
-        # Like interpreter shutdown: wait for the run's non-daemon threads.
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join()
+            # Compiled before anything runs: a syntax error anywhere runs nothing, as in Python.
+            for part in compiled_parts(code, plan.split):
+                exec(part, main.__dict__)
     except SystemExit as exc:
         exit_code = _exit_code(exc)
     except BaseException as exc:
         _print_user_traceback(exc)
         exit_code = 1
+    # Interpreter shutdown, in its order: wait for the run's non-daemon threads, then run the exit
+    # handlers (multiprocessing's stop its worker pools; errors are printed, as there).
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

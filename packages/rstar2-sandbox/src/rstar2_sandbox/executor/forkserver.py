@@ -29,6 +29,8 @@ from typing import Any
 
 from rstar2_sandbox.executor.child import ChildPlan, child_main, minimal_environment
 from rstar2_sandbox.executor.loop import Loop, Timer
+from rstar2_sandbox.executor.prefix_cache import PrefixCache
+from rstar2_sandbox.executor.slot_tmp import SlotTmp
 from rstar2_sandbox.executor.syscalls import (
     Feature,
     can_read_python_as,
@@ -53,6 +55,9 @@ SWEEP_ROUNDS = 50
 _MEMORY_ERROR = re.compile(
     r"(MemoryError\b|Cannot allocate memory|std::bad_alloc|out of memory)", re.IGNORECASE
 )
+# How a failed run's last line says it hit the file-size limit or filled its own /tmp or /dev/shm.
+_FILE_TOO_LARGE = re.compile(r"\[Errno 27\]|File too large")
+_NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device")
 
 
 def _last_line(data: bytes) -> str:
@@ -61,41 +66,54 @@ def _last_line(data: bytes) -> str:
 
 
 def classify(
-    wait_status: int, *, timed_out: bool, output_exceeded: bool, stderr: bytes
-) -> tuple[str, int | None, int | None]:
-    """(status, exit code, signal) of a finished run."""
+    wait_status: int, *, timed_out: bool, output_exceeded: bool, stderr: bytes, run_tmp: bool
+) -> tuple[str, int | None, int | None, str | None]:
+    """(status, exit code, signal, write limit) of a finished run.
+
+    The write limit is which limit on what a run writes stopped it, if one did: ``output``
+    (stdout/stderr caps), ``file`` (the file-size limit) or ``space`` (the quota of its own
+    ``/tmp`` or ``/dev/shm``; ``run_tmp`` says the run had them, so a full disk is its own doing).
+    """
     exit_code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None
     sig = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
+    last_line = _last_line(stderr)
+    limit: str | None = None
     if output_exceeded:
-        status = "output_limit_exceeded"
+        status, limit = "output_limit_exceeded", "output"
     elif timed_out or sig == signal.SIGXCPU:
         status = "timeout"
-    elif _MEMORY_ERROR.search(_last_line(stderr)) or sig == signal.SIGKILL:
+    elif _MEMORY_ERROR.search(last_line) or sig == signal.SIGKILL:
         # A SIGKILL we did not send comes from the kernel's OOM killer.
         status = "memory_exceeded"
     elif exit_code == 0:
         status = "success"
+    elif _FILE_TOO_LARGE.search(last_line):
+        status, limit = "output_limit_exceeded", "file"
+    elif run_tmp and _NO_SPACE.search(last_line):
+        status, limit = "output_limit_exceeded", "space"
     else:
         status = "runtime_error"
-    return status, exit_code, sig
+    return status, exit_code, sig, limit
 
 
 class Capture:
-    """Reads one pipe as data arrives, keeping at most ``cap`` bytes."""
+    """Reads one pipe as data arrives, keeping at most ``cap`` bytes and counting the rest."""
 
-    __slots__ = ("cap", "data", "eof", "fd", "on_change", "truncated")
+    __slots__ = ("cap", "data", "eof", "fd", "name", "on_change", "produced", "truncated")
 
-    def __init__(self, fd: int, cap: int, on_change: Any) -> None:
+    def __init__(self, name: str, fd: int, cap: int, on_change: Any) -> None:
+        self.name = name
         self.fd = fd
         self.cap = cap
         self.data = bytearray()
+        self.produced = 0
         self.truncated = False
         self.eof = False
         self.on_change = on_change
 
     def read(self) -> None:
         """Read everything available now."""
-        while True:
+        while self.fd >= 0:
             try:
                 chunk = os.read(self.fd, READ_CHUNK)
             except BlockingIOError:
@@ -106,13 +124,27 @@ class Capture:
                 self.eof = True
                 self.on_change()
                 return
+            self.produced += len(chunk)
             room = self.cap - len(self.data)
-            if len(chunk) > room:
-                self.data += chunk[: max(room, 0)]
+            if room > 0:
+                self.data += chunk[:room]
+            if len(chunk) > room and not self.truncated:
+                # Stops the run (and may finish it, closing the pipe); what still comes is
+                # only counted, for the note that says how much the run wrote.
                 self.truncated = True
                 self.on_change()
-                return
-            self.data += chunk
+
+    def close(self) -> None:
+        """Close the pipe."""
+        os.close(self.fd)
+        self.fd = -1
+
+    def note(self) -> str:
+        """The line that tells the run's reader it went over this stream's cap."""
+        return (
+            f"sandbox: {self.name} exceeded the output limit of {self.cap} bytes "
+            f"(at least {self.produced} bytes were written); the run was stopped"
+        )
 
 
 class Run:
@@ -132,19 +164,25 @@ class Run:
         timeout_s = float(request["timeout_s"])
         self.stdin_data = memoryview(str(request["stdin"]).encode())
 
+        # First: should the slot's namespace need making and fail, nothing is left open.
+        mount_ns_fd = server.slot_tmps[slot].ensure() if server.slot_tmps else None
         in_r, self.stdin_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         status_r, status_w = os.pipe()
+        code = str(request["code"])
+        display_last_expr = bool(request["display_last_expr"])
         plan = ChildPlan(
-            code=str(request["code"]),
-            display_last_expr=bool(request["display_last_expr"]),
+            code=code,
+            split=None if display_last_expr else server.prefixes.split(code),
+            display_last_expr=display_last_expr,
             stdin_fd=in_r,
             stdout_fd=out_w,
             stderr_fd=err_w,
             status_fd=status_w,
             workdir=self.workdir,
             uid=self.uid,
+            mount_ns_fd=mount_ns_fd,
             mapped_bytes=server.mapped_bytes,
             address_space_bytes=int(request["memory_mb"]) << 20,
             cpu_seconds=math.ceil(timeout_s) + 1,
@@ -161,8 +199,8 @@ class Run:
         for fd in (in_r, out_w, err_w, status_w):
             os.close(fd)
         self.status_r = status_r
-        self.stdout = Capture(out_r, limit, self.check)
-        self.stderr = Capture(err_r, limit, self.check)
+        self.stdout = Capture("stdout", out_r, limit, self.check)
+        self.stderr = Capture("stderr", err_r, limit, self.check)
         loop = server.loop
         for capture in (self.stdout, self.stderr):
             os.set_blocking(capture.fd, False)
@@ -233,7 +271,7 @@ class Run:
             self.eof_timer.cancel()
         for capture in (self.stdout, self.stderr):
             loop.remove_reader(capture.fd)
-            os.close(capture.fd)
+            capture.close()
         if self.stdin_w >= 0:
             loop.remove_writer(self.stdin_w)
             os.close(self.stdin_w)
@@ -242,32 +280,63 @@ class Run:
         except BlockingIOError:
             setup_error = b""
         os.close(self.status_r)
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.server.slot_tmps:
+            try:
+                self.server.slot_tmps[self.slot].reset(os.path.basename(self.workdir))
+            except OSError:
+                # The slot is closed: its next run makes the namespace again or fails cleanly.
+                log.exception("could not give slot %d a fresh /tmp", self.slot)
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
         stdout = bytes(self.stdout.data)
         stderr = bytes(self.stderr.data)
+        notes: list[str] = []
         if setup_error:
             status, exit_code, sig = "internal_error", None, None
             stderr = b"sandbox setup failed: " + setup_error
             log.error("run setup failed: %s", setup_error.decode("utf-8", "replace"))
         else:
-            status, exit_code, sig = classify(
+            status, exit_code, sig, limit = classify(
                 wait_status,
                 timed_out=self.timed_out,
                 output_exceeded=self.stdout.truncated or self.stderr.truncated,
                 stderr=stderr,
+                run_tmp=self.server.run_tmp_mb is not None,
             )
+            notes = self.limit_notes(limit)
+        text = stderr.decode("utf-8", "replace")
+        if notes:
+            # Said after what the run printed (past the cap: the note is the sandbox's, not the
+            # run's output), so every API shows why the run stopped and how much it wrote.
+            text += ("" if not text or text.endswith("\n") else "\n") + "\n".join(notes) + "\n"
         result = {
             "status": status,
             "exit_code": exit_code,
             "signal": sig,
             "stdout": stdout.decode("utf-8", "replace"),
-            "stderr": stderr.decode("utf-8", "replace"),
+            "stderr": text,
             "stdout_truncated": self.stdout.truncated,
             "stderr_truncated": self.stderr.truncated,
             "wall_time_s": self.wall_time_s,
             "cpu_time_s": rusage.ru_utime + rusage.ru_stime,
         }
         self.server.send({"id": self.call_id, "result": result})
+
+    def limit_notes(self, limit: str | None) -> list[str]:
+        """Lines saying which write limit stopped the run (none when none did)."""
+        settings = self.server.settings
+        if limit == "output":
+            return [c.note() for c in (self.stdout, self.stderr) if c.truncated]
+        if limit == "file":
+            cap = settings["max_file_bytes"]
+            return [f"sandbox: a file reached the file-size limit of {cap} bytes"]
+        if limit == "space" and self.server.run_tmp_mb is not None:
+            tmp_mb, shm_mb = self.server.run_tmp_mb
+            return [
+                f"sandbox: the run's disk quota is full ({tmp_mb} MiB for /tmp and the working "
+                f"directory, {shm_mb} MiB for /dev/shm)"
+            ]
+        return []
 
 
 class ForkServer:
@@ -281,6 +350,8 @@ class ForkServer:
         workroot: str,
         drop_uid: bool,
         mapped_bytes: int,
+        run_tmp_mb: tuple[int, int] | None,
+        slot_tmps: list[SlotTmp],
     ) -> None:
         self.mapped_bytes = mapped_bytes
         self.ctl_in = ctl_in
@@ -289,6 +360,11 @@ class ForkServer:
         self.slot_uids: list[int] = config["slot_uids"]
         self.workroot = workroot
         self.drop_uid = drop_uid
+        # Quotas of each run's own /tmp and /dev/shm (MiB), and each slot's namespace with them;
+        # None and empty: runs share this server's view.
+        self.run_tmp_mb = run_tmp_mb
+        self.slot_tmps = slot_tmps
+        self.prefixes = PrefixCache()
         self.runs: dict[int, Run] = {}
         self.inbox = bytearray()
         self.outbox = bytearray()
@@ -496,9 +572,12 @@ def main() -> None:
     }
     # Found before any mount can hide them; runs must always be able to import from these.
     roots = python_roots()
+    quotas = (int(settings["tmp_size_mb"]), int(settings["shm_size_mb"]))
     if isolate:
         features["network_namespace"] = enable_network_namespace()
-        features["private_tmp"] = enable_private_tmp(int(settings["tmp_size_mb"]), keep=roots)
+        # Sized for the fallback where runs keep their working directories here.
+        shared_mb = quotas[0] * len(config["slot_uids"])
+        features["private_tmp"] = enable_private_tmp(shared_mb, keep=roots)
     else:
         features["network_namespace"] = features["private_tmp"] = (False, "disabled")
     if drop_uid:
@@ -510,9 +589,26 @@ def main() -> None:
             features["unprivileged_uid"] = features["process_limit"] = readable
         elif exposed[1]:
             features["unprivileged_uid"] = (True, exposed[1])
+    run_tmp_mb: tuple[int, int] | None = None
+    slot_tmps: list[SlotTmp] = []
     if features["private_tmp"][0]:
         workroot = "/tmp"
+        keep_under_tmp = [root for root in roots if root.startswith("/tmp/")]
+        try:
+            slot_tmps = [SlotTmp(*quotas, keep_under_tmp) for _ in config["slot_uids"]]
+        except OSError as exc:
+            for slot_tmp in slot_tmps:
+                slot_tmp.close()
+            slot_tmps = []
+            features["run_tmp"] = (False, str(exc))
+        else:
+            run_tmp_mb = quotas
+            features["run_tmp"] = (
+                True,
+                f"/tmp {quotas[0]} MiB (working directory included), /dev/shm {quotas[1]} MiB",
+            )
     else:
+        features["run_tmp"] = (False, "disabled" if not isolate else "needs private_tmp")
         workroot = tempfile.mkdtemp(prefix="rstar2-sandbox-")
         os.chmod(workroot, 0o711)
     if drop_uid:
@@ -543,7 +639,9 @@ def main() -> None:
 
     with open("/proc/self/statm") as statm:
         mapped_bytes = int(statm.read().split()[0]) * resource.getpagesize()
-    server = ForkServer(ctl_in, ctl_out, config, workroot, drop_uid, mapped_bytes)
+    server = ForkServer(
+        ctl_in, ctl_out, config, workroot, drop_uid, mapped_bytes, run_tmp_mb, slot_tmps
+    )
     server.send(
         {
             "pid": os.getpid(),

@@ -10,6 +10,7 @@ import logging
 import os
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -131,16 +132,28 @@ class ForkServerProcess:
                 future.set_result(_internal_error("the fork-server running this call died"))
         self.pending.clear()
 
-    async def call(self, slot: int, request: RunRequest) -> RunResult:
-        """Run ``request`` in local slot ``slot`` (which the caller holds)."""
+    async def call(
+        self, slot: int, request: RunRequest, ended: Callable[[], None] = lambda: None
+    ) -> RunResult:
+        """Run ``request`` in local slot ``slot`` (which the caller holds).
+
+        ``ended`` is called once the run is over, also when the caller stopped waiting for it
+        (cancelled): only then may the slot, and its uid, serve another run.
+        """
         process = self.process
         if process is None or process.stdin is None or not self.ready.is_set():
+            ended()
             return _internal_error("fork-server is not running")
         call_id = next(self._ids)
         future: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda _: ended())
         self.pending[call_id] = future
         message = {"id": call_id, "slot": slot, "request": request.model_dump()}
-        process.stdin.write(_frame(message))
+        try:
+            process.stdin.write(_frame(message))
+        except Exception as exc:
+            del self.pending[call_id]
+            future.set_result(_internal_error(f"could not send the call: {exc}"))
         try:
             return await asyncio.wait_for(
                 asyncio.shield(future), request.timeout_s + WATCHDOG_GRACE_S
@@ -306,15 +319,22 @@ class ExecutorPool:
         tier = next(t for t in self._tiers if t.name == self.tier_for(request))
         server_index, slot = await tier.free.get()
         self.busy += 1
+
+        def release() -> None:
+            self.busy -= 1
+            tier.free.put_nowait((server_index, slot))
+
         try:
             server = tier.servers[server_index]
             if not server.ready.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(server.ready.wait(), START_TIMEOUT_S)
-            return await server.call(slot, request)
-        finally:
-            self.busy -= 1
-            tier.free.put_nowait((server_index, slot))
+        except BaseException:
+            release()
+            raise
+        # The slot is released when the run has ended, even if this caller stops waiting
+        # (cancelled, say its client went away): no two runs ever share a slot.
+        return await server.call(slot, request, release)
 
     async def close(self) -> None:
         """Stop every fork-server; their runs are killed."""

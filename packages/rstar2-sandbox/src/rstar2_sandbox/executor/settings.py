@@ -63,7 +63,14 @@ class ExecutorSettings(BaseModel):
         default=64 << 20, ge=0, description="RLIMIT_FSIZE: largest file a run may write."
     )
     tmp_size_mb: int = Field(
-        default=512, ge=1, description="Size of each fork-server's private tmpfs (all its runs)."
+        default=256,
+        ge=1,
+        description="Quota of each run's own /tmp, its working directory included (tmpfs, MiB).",
+    )
+    shm_size_mb: int = Field(
+        default=64,
+        ge=1,
+        description="Quota of each run's own /dev/shm (multiprocessing, shared memory; MiB).",
     )
 
     @property

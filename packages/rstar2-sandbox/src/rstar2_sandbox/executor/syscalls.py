@@ -84,9 +84,11 @@ def enable_private_tmp(size_mb: int, keep: list[str]) -> Feature:
     """Hide the shared writable directories behind private, root-owned tmpfs mounts.
 
     Runs this process in a new mount namespace, so the host never sees these mounts; they vanish
-    with the process. ``/tmp`` (mode 0711) then holds the per-run working directories. Directories
-    in ``keep`` (the Python installation, say a virtual environment under ``/tmp``) stay reachable:
-    they are bound back into the tmpfs that covers them.
+    with the process. Runs cannot create files in them (mode 0711): each run enters a namespace
+    with its own ``/tmp`` and ``/dev/shm`` over them (``slot_tmp``), or, where that fails, keeps
+    its working directory in this ``/tmp``. Directories in ``keep`` (the Python installation, say
+    a virtual environment under ``/tmp``) stay reachable: they are bound back into the tmpfs that
+    covers them.
     """
     try:
         unshare(CLONE_NEWNS)
@@ -103,7 +105,7 @@ def enable_private_tmp(size_mb: int, keep: list[str]) -> Feature:
             continue
         try:
             # 0711: a run may enter its own working directory but cannot create files here.
-            _cover(directory, inside, f"size={size_mb}m,mode=0711")
+            cover(directory, inside, f"size={size_mb}m,mode=0711")
         except OSError:
             visible.append(directory)
         else:
@@ -114,6 +116,16 @@ def enable_private_tmp(size_mb: int, keep: list[str]) -> Feature:
     if visible:
         detail += f"; left visible: {', '.join(visible)}"
     return True, detail
+
+
+def setns(fd: int, nstype: int) -> None:
+    """Move this process into the namespace ``fd`` refers to (``setns(2)``)."""
+    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
+
+
+def mount_quota_options(size_mb: int, inodes: int) -> str:
+    """tmpfs options of a world-writable (sticky) directory with a size and an inode quota."""
+    return f"size={size_mb}m,nr_inodes={inodes},mode=1777"
 
 
 def kill_quietly(pid: int, sig: int = signal.SIGKILL, *, group: bool = False) -> None:
@@ -150,7 +162,7 @@ def _closed_ancestor(path: str) -> str | None:
     return None
 
 
-def _cover(directory: str, keep: list[str], options: str) -> None:
+def cover(directory: str, keep: list[str], options: str) -> None:
     """Mount an empty tmpfs over ``directory``, then bind each of ``keep`` (inside it) back."""
     # Handles taken before the tmpfs hides the originals; binding from them reaches what is below.
     handles = {root: os.open(root, os.O_PATH | os.O_DIRECTORY) for root in keep}
@@ -179,7 +191,7 @@ def expose_python(roots: list[str]) -> Feature:
             plan.setdefault(closed, []).append(root)
     for closed, inside in plan.items():
         try:
-            _cover(closed, inside, "size=1m,mode=0755")
+            cover(closed, inside, "size=1m,mode=0755")
         except OSError as exc:
             return False, f"could not expose {inside} under {closed}: {exc}"
     exposed = [root for inside in plan.values() for root in inside]
