@@ -26,7 +26,7 @@ DIST = ROOT / "dist"
 nox.options.default_venv_backend = "uv"
 # Locally, reuse session environments (uv sync refreshes them); a CI run always starts fresh.
 nox.options.reuse_existing_virtualenvs = not os.environ.get("CI")
-nox.options.sessions = ["tests", "lint", "typecheck", "wheels"]
+nox.options.sessions = ["tests", "lint", "typecheck", "wheels", "vllm"]
 
 
 def sync(session: nox.Session, *args: str) -> None:
@@ -169,6 +169,42 @@ def _serve_and_probe(session: nox.Session, command: str, env: dict[str, str]) ->
             server.wait()
     if server.returncode != 0:
         session.error(f"rstar2-sandbox serve exited with {server.returncode} after SIGINT")
+
+
+# The vLLM versions rstar2-scheduler[vllm] admits; one is in uv.lock, the others are installed
+# over it in their session's environment, resolved as of VLLM_RESOLVED_AT.
+VLLM_VERSIONS = ["0.32.0", "0.33.0"]
+VLLM_RESOLVED_AT = "2026-11-26T00:00:00Z"
+VLLM_MODULES = [
+    f"packages/rstar2-scheduler/src/rstar2_scheduler/engines/{name}.py"
+    for name in ("vllm", "vllm_sync", "vllm_wire", "vllm_worker")
+]
+
+
+@nox.session
+@nox.parametrize("version", VLLM_VERSIONS)
+def vllm(session: nox.Session, version: str) -> None:
+    """rstar2-scheduler's vLLM engine against an installed vLLM, on the CPU: its vLLM tests (the
+    weight-sync payload through vLLM's own encoder, the sync plan, sleep and wake against a
+    stand-in applying vLLM's rules, the GPU script's CPU parts) and mypy of the vLLM engine
+    modules with vLLM's own annotations. No GPU: no model is served here."""
+    lock = (ROOT / "uv.lock").read_text()
+    locked = f'name = "vllm"\nversion = "{version}"' in lock
+    extras = ["--extra", "test", "--group", "typecheck"]
+    sync(session, "--package", "rstar2-scheduler", *extras, *(["--extra", "vllm"] * locked))
+    if not locked:
+        python = str(Path(session.virtualenv.location) / "bin" / "python")
+        pin = f"vllm=={version}"
+        session.run_install(
+            "uv", "pip", "install", "--python", python, pin, "--exclude-newer", VLLM_RESOLVED_AT
+        )
+    session.run("python", "-c", f"import vllm; assert vllm.__version__ == {version!r}")
+    tests = sorted(
+        str(p) for p in ROOT.glob("packages/rstar2-scheduler/tests/engines/test_vllm*.py")
+    )
+    session.run("pytest", *tests, *session.posargs)
+    cache = str(Path(session.virtualenv.location) / "mypy-cache")
+    session.run("mypy", "--cache-dir", cache, *VLLM_MODULES)
 
 
 @nox.session

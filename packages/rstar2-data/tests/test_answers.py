@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rstar2_data import normalize_integer, unwrap_boxed
+from rstar2_data import canonical_integer, integer_digits, normalize_integer, unwrap_boxed
 
 
 @pytest.mark.parametrize(
@@ -41,6 +41,37 @@ def test_every_integer_spelling_round_trips(value: int) -> None:
     assert normalize_integer(f"\\boxed{{{value}}}") == value
     assert normalize_integer(f"{value:,}") == value
     assert normalize_integer(f"{value}.00") == value
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("-0", "0"),
+        ("+000", "0"),
+        ("-007", "-7"),
+        ("$1{,}000$", "1000"),
+        (1e20, "100000000000000000000"),
+    ],
+)
+def test_canonical_integer_spellings(answer: str | int | float, expected: str) -> None:
+    assert canonical_integer(answer) == expected
+
+
+def test_integers_beyond_the_int_string_limit_stay_digit_strings() -> None:
+    digits = "12345" * 1000  # 5,000 digits: int(text) raises ValueError here
+    assert canonical_integer(f"\\boxed{{-000{digits}}}") == f"-{digits}"
+    assert canonical_integer(f"{digits}.0") == digits
+    assert integer_digits(f"-{digits}") == 5000
+    assert canonical_integer(f"{digits}.5") is None
+    with pytest.raises(ValueError, match="5000 digits"):
+        normalize_integer(digits)
+    assert canonical_integer(-(10**5000)) == "-1" + "0" * 5000
+
+
+@given(st.integers(min_value=-(10**30), max_value=10**30))
+def test_canonical_integer_is_str_of_the_integer(value: int) -> None:
+    assert canonical_integer(f"{value:,}") == str(value)
+    assert canonical_integer(value) == str(value)
 
 
 def test_unwrap_boxed_keeps_partial_boxes() -> None:

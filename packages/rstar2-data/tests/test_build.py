@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from rstar2_data import ChatExample, MathProblem
-from rstar2_data.build import Manifest, build, load_built
+from rstar2_data.build import BuildError, Manifest, build, load_built
 from rstar2_data.demo import demo_problems
 from rstar2_data.recipe import RecipeError, load_recipe, parse_recipe, shipped_recipes
 
@@ -192,6 +192,69 @@ output: {format: parquet}
     assert (tmp_path / "out" / "data.parquet").is_file()
     again = build(load_recipe(path), tmp_path / "again", progress=False)
     assert again.content_sha256 == manifest.content_sha256
+
+
+def test_decontamination_reads_benchmark_specs_with_field_alternatives(tmp_path: Path) -> None:
+    leaked = "Find the number of ordered pairs of integers satisfying the grand equation below"
+    write_jsonl(tmp_path / "bench.jsonl", [{"question": leaked}, {"problem": "Other text."}])
+    write_jsonl(
+        tmp_path / "train.jsonl",
+        [
+            {"problem": leaked, "answer": "3"},
+            {"problem": "Clean problem text here.", "answer": "4"},
+        ],
+    )
+    recipe = recipe_file(
+        tmp_path,
+        """
+name: decontam-fields
+kind: math
+sources: [{name: t, path: train.jsonl, fields: {}}]
+filters:
+  - type: decontaminate
+    benchmarks:
+      - {name: b, path: bench.jsonl, fields: {problem: [problem, question]}}
+output: {shuffle: false}
+""",
+    )
+    manifest = build(load_recipe(recipe), tmp_path / "out", progress=False)
+    assert manifest.filters[0].removed == {"overlaps b (8-grams)": 1}
+    assert [r.answer for r in load_built(tmp_path / "out")] == ["4"]
+    recipe.write_text(recipe.read_text().replace("[problem, question]", "problem"))
+    with pytest.raises(BuildError, match="benchmark b: row 1 has no string 'problem'"):
+        build(load_recipe(recipe), tmp_path / "again", progress=False)
+    recipe.write_text(recipe.read_text().replace("path: bench.jsonl, ", ""))
+    with pytest.raises(RecipeError, match="give hub, path or both"):
+        load_recipe(recipe)
+
+
+def test_an_answer_too_long_for_int_builds_and_is_filtered_alone(tmp_path: Path) -> None:
+    huge = "9" * 5000  # over Python's 4,300-digit int-string limit
+    write_jsonl(
+        tmp_path / "a.jsonl",
+        [
+            {"problem": "A big one?", "answer": f"00{huge}", "id": "huge"},
+            {"problem": "A small one?", "answer": "7", "id": "small"},
+        ],
+    )
+    source = """
+name: huge
+kind: math
+sources:
+  - {name: a, path: a.jsonl, fields: {id: id}}
+output: {shuffle: false}
+"""
+    recipe = recipe_file(tmp_path, source)
+    build(load_recipe(recipe), tmp_path / "kept", progress=False)
+    rows = load_built(tmp_path / "kept")
+    assert [(r.id, r.answer, r.answer_kind) for r in rows] == [
+        ("huge", huge, "integer"),
+        ("small", "7", "integer"),
+    ]
+    recipe.write_text(source + "filters: [{type: integer_answer}]\n")
+    manifest = build(load_recipe(recipe), tmp_path / "filtered", progress=False)
+    assert manifest.filters[0].removed == {"answer larger than 1000000000000": 1}
+    assert [r.id for r in load_built(tmp_path / "filtered")] == ["small"]
 
 
 def test_count_sampling_is_seeded_and_restart_reuses_the_cache(tmp_path: Path) -> None:

@@ -2,9 +2,11 @@
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from rstar2_data.cli import app
+from rstar2_data.terminal import cut_words
 
 runner = CliRunner()
 
@@ -14,6 +16,21 @@ def test_help_documents_every_option() -> None:
     assert result.exit_code == 0
     for option in ("--out", "--var", "--seed", "--progress", "--verbose"):
         assert option in result.output
+
+
+@pytest.mark.parametrize("command", [[], ["build"], ["stats"], ["recipes"]])
+def test_help_fits_80_columns_without_cutting_a_word(command: list[str]) -> None:
+    narrow = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "80"}).output
+    wide = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "1000"}).output
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert not cut_words(narrow, wide)
+
+
+def test_recipes_table_fits_80_columns_without_cutting_a_word() -> None:
+    narrow = runner.invoke(app, ["recipes"], env={"COLUMNS": "80"}).output
+    wide = runner.invoke(app, ["recipes"], env={"COLUMNS": "1000"}).output
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert not cut_words(narrow, wide)
 
 
 def test_recipes_lists_the_shipped_ones() -> None:

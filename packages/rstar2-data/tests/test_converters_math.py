@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 
 from rstar2_data import MathProblem
+from rstar2_data.benchmarks import FieldMap
 from rstar2_data.converters import MappedMath, RowError, get_converter
 
 
@@ -103,7 +104,7 @@ def test_project_euler() -> None:
     ],
 )
 def test_field_mapping_normalizes_answers(answer: object, normalized: str, kind: str) -> None:
-    converter = MappedMath(problem="q.text", answer="a", id_field="uid", keep=("tag",))
+    converter = MappedMath(FieldMap(problem="q.text", answer="a", id="uid", keep=("tag",)))
     problem = converter.convert(
         {"q": {"text": " Q? "}, "a": answer, "uid": "u1", "tag": "x"}, source="s", index=0
     )

@@ -54,3 +54,13 @@ def demo_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_checkpoint import build_demo_set
 
     return build_demo_set(tmp_path_factory.mktemp("demo-set"))
+
+
+@pytest.fixture(scope="session")
+def transformers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One ``transformers serve`` process for the session; it serves whichever local checkpoint
+    a request names (see helpers/servers.py). Skipped where transformers[serving] is missing."""
+    from servers import transformers_serve
+
+    with transformers_serve(tmp_path_factory.mktemp("transformers-serve") / "serve.log") as url:
+        yield url

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,10 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from rstar2_data import load_built
 from rstar2_data.demo import demo_problems
 from rstar2_eval import (
+    AnswerFormat,
+    AsyncGrader,
     EvalSettings,
+    Grade,
     Grader,
     GraderConfig,
     ModelInfo,
@@ -102,6 +106,41 @@ async def test_results_do_not_depend_on_interruptions_or_engines(
     expected = {sample_seed(9, "heldout", p.id, i) for p in sets[0].problems for i in range(3)}
     # Each rollout's only turn is seeded from its sample's own seed.
     assert set(flaky.seeds) <= {s * 1_000_003 % 2**63 for s in expected}
+
+
+class CountingGrading:
+    """Not a ``Grader``: what a trainer's grading looks like (its config and ``agrade_many``)."""
+
+    def __init__(self, grader: Grader) -> None:
+        self.config = grader.config
+        self.grader = grader
+        self.calls = 0
+
+    async def agrade_many(
+        self,
+        responses: Sequence[str],
+        golds: Sequence[str],
+        *,
+        answer_format: AnswerFormat | Sequence[AnswerFormat] = "math",
+    ) -> list[Grade]:
+        self.calls += 1
+        return await self.grader.agrade_many(responses, golds, answer_format=answer_format)
+
+
+@pytest.mark.asyncio
+async def test_evaluate_grades_through_any_async_grader(checkpoint: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    sets = [ProblemSet.of("heldout", demo_problems(4, seed=5))]
+    settings = EvalSettings(samples=2, temperature=1.0, max_tokens=200, max_turns=2, seed=9)
+    with Grader(GraderConfig(workers=1)) as grader:
+        grading = CountingGrading(grader)
+        assert isinstance(grading, AsyncGrader)
+        engine = SeedEcho(tokenizer, "one")
+        through = await evaluate([engine], tokenizer, _NoSandbox(), grading, sets, settings)
+        direct = await evaluate([engine], tokenizer, _NoSandbox(), grader, sets, settings)
+    assert grading.calls >= 1
+    assert through.score == direct.score
+    assert through.rollouts.generated == 8
 
 
 @pytest.mark.asyncio

@@ -36,7 +36,6 @@ def test_integer_fast_path_rejects_wrong_integers() -> None:
         (r"(-\infty, 3]", r"\left(-\infty,3\right]"),
         (r"\{2, 1\}", r"\{1,2\}"),
         ("(3, \\pi/2)", r"\left( 3, \frac{\pi}{2} \right)"),
-        (r"5\text{ cm}", "5"),
         (r"10\%", "0.1"),
         ("1+x^2", "x^2+1"),
         (r"\frac{50}{2}", "25"),  # integer gold, non-integer spelling: math-verify decides
@@ -131,6 +130,30 @@ def test_overlong_answer_is_ungradable_without_parsing() -> None:
         assert not grader.pool_started
     assert grade.status == "ungradable"
     assert "100001 characters" in (grade.detail or "")
+
+
+def test_integers_beyond_the_int_string_limit_grade_as_digit_strings() -> None:
+    huge = "7" * 5000  # int(text) refuses more than 4,300 digits
+    with Grader(GraderConfig(workers=1, max_answer_chars=10_000)) as grader:
+        grades = grader.grade_answers(
+            [f"000{huge}", huge + "8", "7", "3"], [huge, huge + "7", huge, "3"]
+        )
+        assert not grader.pool_started
+    assert [(g.status, g.method) for g in grades] == [
+        ("correct", "integer"),
+        ("incorrect", "integer"),
+        ("incorrect", "integer"),
+        ("correct", "integer"),
+    ]
+
+
+def test_an_answer_too_long_to_grade_is_marked_alone() -> None:
+    huge = "7" * 5000
+    with Grader(GraderConfig(workers=1)) as grader:  # max_answer_chars 2000
+        grades = grader.grade_many(
+            [f"<answer>\\boxed{{{huge}}}</answer>", "<answer>\\boxed{3}</answer>"], [huge, "3"]
+        )
+    assert [g.status for g in grades] == ["ungradable", "correct"]
 
 
 def test_mixed_formats_in_one_batch(grader: Grader) -> None:

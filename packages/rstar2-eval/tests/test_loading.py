@@ -62,6 +62,11 @@ def test_normalize_answer(value: object, expected: tuple[str, str]) -> None:
     assert normalize_answer(value) == expected
 
 
+def test_a_gold_beyond_the_int_string_limit_loads_as_digits() -> None:
+    digits = "5" * 5000  # int(text) refuses more than 4,300 digits
+    assert normalize_answer(f"00{digits}") == (digits, "integer")
+
+
 @pytest.mark.parametrize("value", [True, None, [1], ""])
 def test_normalize_answer_rejects(value: object) -> None:
     with pytest.raises(ValueError, match="expected"):

@@ -4,8 +4,6 @@ problem sets from files; the output directory's partial-line recovery; several e
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -122,42 +120,29 @@ def test_partial_last_line_is_cut_off(tmp_path: Path, caplog: pytest.LogCaptureF
         recover_generations(path)
 
 
-def _stub(tokenizer: Path) -> tuple[subprocess.Popen[str], str]:
-    server = subprocess.Popen(
-        [sys.executable, str(BENCH / "stub_server.py"), "--tokenizer", str(tokenizer)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert server.stdout is not None
-    port = int(server.stdout.readline().split()[-1])
-    return server, f"http://127.0.0.1:{port}"
-
-
 @pytest.mark.slow
 def test_several_endpoints_share_the_rollouts(tmp_path: Path) -> None:
     from harness import make_tokenizer
+    from servers import stub_server
 
     tokenizer = make_tokenizer(tmp_path / "tokenizer")
     problems = tmp_path / "problems.jsonl"
     problems.write_text("".join(p.model_dump_json() + "\n" for p in demo_problems(40, seed=4)))
-    servers = [_stub(tokenizer) for _ in range(2)]
-    try:
+    with stub_server(tokenizer) as first, stub_server(tokenizer) as second:
         code, output = invoke(
-            *("--endpoint", ",".join(url for _, url in servers), "--tokenizer", str(tokenizer)),
+            *("--endpoint", f"{first},{second}", "--tokenizer", str(tokenizer)),
             *("--benchmarks", f"stub={problems}", "--samples", "2", "--max-tokens", "2000"),
             *("--max-turns", "4", "--concurrency", "8", "--out", str(tmp_path / "out")),
-            "--no-progress",
+            # The stub answers every sample of a problem alike.
+            *("--no-progress", "--allow-identical-samples"),
         )
         served = []
-        for _, url in servers:
+        for url in (first, second):
             with urllib.request.urlopen(url + "/stats") as response:
                 served.append(json.load(response)["completions"])
-    finally:
-        for server, _ in servers:
-            server.terminate()
-            server.wait(10)
     assert code == 0, output
-    assert sum(served) == 80 * 4  # four turns per rollout, all answered
+    # Four turns per rollout, all answered, and one probe per server before the first.
+    assert sum(served) == 80 * 4 + 2
     assert min(served) >= 80  # both servers took a fair share
     report = json.loads((tmp_path / "out" / "generations.report.json").read_text())
     (score,) = report["benchmarks"]

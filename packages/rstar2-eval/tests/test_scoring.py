@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rstar2_data.schemas import GradedSample
+from rstar2_data.terminal import cut_words
 from rstar2_eval import Grader, InputError, load_benchmark, pass_at_k, read_generations
 from rstar2_eval.cli import app
 from rstar2_eval.scoring import ScoreReport, score_generations
@@ -186,7 +187,7 @@ def test_cli_score_writes_every_output(tmp_path: Path, data_dir: Path) -> None:
             str(path),
             "--data-dir",
             str(data_dir),
-            "--out-dir",
+            "--out",
             str(tmp_path / "out"),
             "--plot",
             "--samples-out",
@@ -228,6 +229,53 @@ def test_cli_reports_bad_input_with_line_and_field(tmp_path: Path, data_dir: Pat
     assert not (tmp_path / "run.report.json").exists()
 
 
+def _tiny_score_command(folder: Path) -> list[str]:
+    """``rstar2-eval score`` of 2 samples on each of 2 problems of a local problem set."""
+    problems = [
+        {"id": f"p{i}", "source": "t", "problem": "1+1?", "answer": "2", "answer_kind": "integer"}
+        for i in range(2)
+    ]
+    lines = [
+        {"benchmark": "tiny", "problem_id": f"p{i}", "sample_index": j, "response": "<answer>2"}
+        for i in range(2)
+        for j in range(2)
+    ]
+    problem_file = _write_jsonl(folder / "problems.jsonl", problems)
+    generations = _write_jsonl(folder / "gen.jsonl", lines)
+    return ["score", str(generations), "--benchmarks", f"tiny={problem_file}", "--workers", "1"]
+
+
+def test_out_dir_is_a_hidden_old_name_of_out(tmp_path: Path) -> None:
+    score = _tiny_score_command(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(app, [*score, "--out-dir", str(tmp_path / "old")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "old" / "gen.report.json").is_file()
+    clash = runner.invoke(app, [*score, "--out", str(tmp_path / "a"), "--out-dir", str(tmp_path)])
+    assert clash.exit_code == 2
+    assert "give --out only" in clash.output
+    assert "--out-dir" not in runner.invoke(app, ["score", "--help"]).output
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["score"], ["benchmarks"]])
+def test_help_fits_80_columns_without_cutting_a_word(command: list[str]) -> None:
+    narrow = CliRunner(env={"COLUMNS": "80"}).invoke(app, [*command, "--help"]).output
+    wide = CliRunner(env={"COLUMNS": "1000"}).invoke(app, [*command, "--help"]).output
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert not cut_words(narrow, wide)
+
+
+def test_tables_fit_80_columns_without_cutting_a_word(tmp_path: Path) -> None:
+    score = _tiny_score_command(tmp_path)
+    for command in (score, ["benchmarks"]):
+        narrow = CliRunner(env={"COLUMNS": "80"}).invoke(app, command)
+        wide = CliRunner(env={"COLUMNS": "1000"}).invoke(app, command)
+        assert narrow.exit_code == wide.exit_code == 0, narrow.output
+        assert max(len(line) for line in narrow.output.splitlines()) <= 80
+        assert not cut_words(narrow.output, wide.output)
+        assert ("tool err %" in wide.output) == (command == score)
+
+
 def test_cli_lists_benchmarks() -> None:
     result = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["benchmarks"])
     assert result.exit_code == 0
@@ -240,7 +288,7 @@ def test_cli_help_explains_every_option() -> None:
     assert result.exit_code == 0
     for option in (
         "--data-dir",
-        "--out-dir",
+        "--out",
         "--plot",
         "--samples-out",
         "--k",

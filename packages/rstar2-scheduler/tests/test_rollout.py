@@ -314,3 +314,37 @@ async def test_sandbox_outage_is_a_failed_call(tokenizer: PreTrainedTokenizerFas
 def test_max_tokens_is_prompt_plus_budget(tokenizer: PreTrainedTokenizerFast) -> None:
     runner, _, _ = make(tokenizer, max_response_tokens=123)
     assert runner.max_tokens(PROBLEM) == len(runner.prompt_ids(PROBLEM)) + 123
+
+
+@pytest.mark.asyncio
+async def test_tokens_without_a_log_prob_are_not_trained_on(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """A stop token a text server dropped comes back restored with mask 0 (no log-prob to train
+    on); the trajectory keeps that mask, and the engine's own count for the budget."""
+    runner, script, _ = make(tokenizer)
+    answer = script.turn(ANSWER)
+    n = len(answer)
+    result = GenerationResult(
+        request_id="r-0",
+        token_ids=tuple(answer),
+        logprobs=(*[-0.5] * (n - 1), 0.0),
+        finish_reason="stop",
+        loss_mask=(*[1] * (n - 1), 0),
+        counted_tokens=n + 2,
+        reencoded=True,
+    )
+    trajectory = await runner.rollout(PROBLEM, ScriptedEngine([result]))
+    assert trajectory.loss_mask == [1] * (n - 1) + [0]
+    assert trajectory.turns[0].model_tokens == n + 2
+    assert trajectory.turns[0].reencoded_tokens == n
+    assert trajectory.response_tokens == n + 2
+
+
+def test_a_result_needs_one_log_prob_and_mask_entry_per_token() -> None:
+    with pytest.raises(ValidationError, match="one each"):
+        GenerationResult(request_id="r", token_ids=(1, 2), logprobs=(0.0,), finish_reason="stop")
+    with pytest.raises(ValidationError, match="loss_mask"):
+        GenerationResult(
+            request_id="r", token_ids=(1,), logprobs=(0.0,), finish_reason="stop", loss_mask=(2,)
+        )

@@ -11,7 +11,6 @@ from workload import Prepared, StepRecord
 
 from rstar2_eval import Grader, GraderConfig
 from rstar2_train import load_config, run_stage
-from rstar2_train.rl import trainer
 from rstar2_train.stage import StageRun
 
 
@@ -55,8 +54,8 @@ def stage_overrides(prepared: Prepared, *, steps: int, out_dir: Path) -> list[st
 def warm_grader(config: GraderConfig) -> Grader:
     """A grader whose math-verify workers have started (about 2 s, once per run).
 
-    Both sides start theirs before the first step, so that this start-up does not land in
-    whichever measured step first needs math-verify.
+    The TRL side starts its grader with this before its first step, as an rstar2 stage warms its
+    own grading while its engines start, so that this start-up lands in neither side's steps.
     """
     grader = Grader(config)
     grader.warm_up()
@@ -95,13 +94,11 @@ def run_rstar2(
 
     StageRun.after_step = stamped  # type: ignore[method-assign]
     StageRun.save = timed_save  # type: ignore[method-assign]
-    trainer.Grader = warm_grader  # type: ignore[misc]
     try:
         started = time.perf_counter()
         run_stage(config)
     finally:
         StageRun.after_step, StageRun.save = after_step, save  # type: ignore[method-assign]
-        trainer.Grader = Grader  # type: ignore[misc]
     records = []
     previous, saved = started, 0.0
     for stamp, saved_by_then, metrics in stamps:

@@ -7,9 +7,11 @@ import random
 import pytest
 import torch
 from models import reference_logprobs, tiny_model
+from transformers import Gemma2Config, Gemma2ForCausalLM
 
-from rstar2_train import TokenSequence, micro_batches, token_logprobs
+from rstar2_train import MicroBatch, TokenSequence, batching, micro_batches, token_logprobs
 from rstar2_train.batching import plan, plan_shared
+from rstar2_train.lm_head import fusable_head
 
 CPU = torch.device("cpu")
 
@@ -145,3 +147,106 @@ def test_shared_prefix_plans_split_a_group_over_the_budget() -> None:
     # Each part costs the 20-token head plus padded rows of the rest: two rows of 10 fit 45.
     assert shared == [(20, [0, 1]), (20, [2, 3])]
     assert alone == []
+
+
+def _logprobs_and_gradient(
+    model: torch.nn.Module, batches: list[MicroBatch]
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    total = torch.zeros(())
+    outs = []
+    for batch in batches:
+        out = token_logprobs(model, batch, temperature=0.8)  # type: ignore[arg-type]
+        total = total - (out * batch.mask * batch.token_values["v"]).sum() / 1000
+        outs.append(out.detach())
+    total.backward()  # type: ignore[no-untyped-call]
+    grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return outs, grad
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded", "shared"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_fused_head_gives_the_logprobs_and_gradients_of_the_models_logits(
+    layout: str, tied: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seqs = [*grouped([9, 6], [[5, 8, 3], [6, 2]]), *sequences([11, 4, 16])]
+    results = []
+    for fused in (True, False):
+        if not fused:  # the model's own head and logits, for the kept columns
+            monkeypatch.setattr(batching, "fusable_head", lambda model: None)
+        model = tiny_model(seed=4, tied=tied)
+        batches = micro_batches(
+            seqs,
+            40,
+            packing=layout == "packed",
+            pad_id=0,
+            device=CPU,
+            share_prefixes=layout == "shared",
+        )
+        assert len(batches) > 1
+        results.append(_logprobs_and_gradient(model, batches))
+    (fused_out, fused_grad), (plain_out, plain_grad) = results
+    for ours, theirs in zip(fused_out, plain_out, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    assert fused_grad.abs().max() > 0
+    torch.testing.assert_close(fused_grad, plain_grad, atol=1e-5, rtol=1e-4)
+
+
+def test_a_micro_batch_with_nothing_trained_still_reaches_every_parameter() -> None:
+    # Data-parallel padding passes backpropagate 0 through the whole model, so every rank runs
+    # the same collectives.
+    model = tiny_model(seed=5, tied=True)
+    (batch,) = micro_batches(
+        [TokenSequence(ids=[3, 4, 5, 6], mask=[0, 0, 0, 0])],
+        100,
+        packing=True,
+        pad_id=0,
+        device=CPU,
+    )
+    out = token_logprobs(model, batch)
+    assert torch.all(out == 0)
+    (out.sum() * 0.0).backward()  # type: ignore[no-untyped-call]
+    assert all(p.grad is not None and torch.all(p.grad == 0) for p in model.parameters())
+
+
+def test_a_soft_capped_head_takes_the_models_own_logits() -> None:
+    # Gemma 2 soft-caps its logits: the fused linear head cannot reproduce them, so the
+    # log-probs come from the model's logits.
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        final_logit_softcapping=2.0,
+    )
+    model = Gemma2ForCausalLM(config)
+    assert fusable_head(model) is None
+    seqs = sequences([9, 13])
+    (batch,) = micro_batches(seqs, 100, packing=False, pad_id=0, device=CPU)
+    with torch.no_grad():
+        out = token_logprobs(model, batch, temperature=0.8)
+    for row, index in enumerate(batch.members):
+        sequence = seqs[index]
+        n = len(sequence.ids) - 1
+        trained = torch.tensor(sequence.mask[1:], dtype=torch.bool)
+        expected = reference_logprobs(model, sequence.ids, 0.8)
+        torch.testing.assert_close(out[row, :n][trained], expected[trained], atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow  # compiles FlexAttention's CPU kernel (10-20 s)
+def test_flex_attention_agrees_with_sdpa_on_a_packed_batch() -> None:
+    # FlexAttention reads the packed rows' document mask (from the reset position ids) as a
+    # block mask. Its CPU kernel has no backward pass, so this compares forward log-probs (the
+    # gradients of the packed layout are compared with padded rows under sdpa above). One
+    # micro-batch: every new shape compiles the kernel again.
+    seqs = sequences([11, 4, 16, 9])
+    (batch,) = micro_batches(seqs, 100, packing=True, pad_id=0, device=CPU)
+    results = []
+    for attention in ("sdpa", "flex_attention"):
+        with torch.no_grad():
+            results.append(token_logprobs(tiny_model(seed=6, attention=attention), batch))
+    assert results[0].abs().sum() > 0
+    torch.testing.assert_close(results[1], results[0], atol=1e-5, rtol=1e-5)

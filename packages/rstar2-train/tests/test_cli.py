@@ -9,6 +9,7 @@ import yaml
 from tiny_runs import DemoData
 from typer.testing import CliRunner
 
+from rstar2_data.terminal import cut_words
 from rstar2_train.cli import app
 
 runner = CliRunner()
@@ -36,7 +37,7 @@ def test_show_prints_the_resolved_config() -> None:
         (["show", "tiny-rl", "--set", "rl.roc.kep=3"], "did you mean 'keep'"),
         (["stage", "nope"], "neither a config file nor a shipped config"),
         (["stage", "tiny-rl", "--set", "model.path=/does/not/exist"], "/does/not/exist"),
-        (["stage", "tiny-rl", "--resume", "--output", "/tmp/rstar2-no-run"], "nothing to resume"),
+        (["stage", "tiny-rl", "--resume", "--out", "/tmp/rstar2-no-run"], "nothing to resume"),
     ],
 )
 def test_bad_input_is_one_line_without_a_traceback(
@@ -49,13 +50,23 @@ def test_bad_input_is_one_line_without_a_traceback(
     assert "Traceback" not in result.output
 
 
+def test_output_is_a_hidden_old_name_of_out(tmp_path: Path) -> None:
+    old = runner.invoke(app, ["stage", "tiny-rl", "--resume", "--output", str(tmp_path / "run")])
+    assert old.exit_code == 2
+    assert f"nothing to resume: {tmp_path / 'run' / 'config.yaml'}" in " ".join(old.output.split())
+    clash = runner.invoke(app, ["stage", "tiny-rl", "--out", "a", "--output", "b"])
+    assert clash.exit_code == 2
+    assert "give --out only" in clash.output
+    assert "--output" not in runner.invoke(app, ["stage", "--help"]).output
+
+
 def test_missing_data_is_reported(demo_data: DemoData, tmp_path: Path) -> None:
     result = runner.invoke(
         app,
         [
             "stage",
             "tiny-sft",
-            "--output",
+            "--out",
             str(tmp_path / "run"),
             "--set",
             "data.train.recipe=null",
@@ -67,8 +78,19 @@ def test_missing_data_is_reported(demo_data: DemoData, tmp_path: Path) -> None:
     assert "data file not found" in result.output
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [["--help"], ["stage", "--help"], ["show", "--help"], ["demo", "--help"], ["configs"]],
+)
+def test_help_and_tables_fit_80_columns_without_cutting_a_word(arguments: list[str]) -> None:
+    narrow = CliRunner(env={"COLUMNS": "80"}).invoke(app, arguments).output
+    wide = CliRunner(env={"COLUMNS": "1000"}).invoke(app, arguments).output
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert not cut_words(narrow, wide)
+
+
 def test_every_option_is_explained() -> None:
     result = runner.invoke(app, ["stage", "--help"])
     assert result.exit_code == 0
-    for option in ("--set", "--output", "--resume", "--allow-changes", "--no-progress"):
+    for option in ("--set", "--out", "--resume", "--allow-changes", "--no-progress"):
         assert option in result.output

@@ -69,6 +69,9 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     again = DemoSummary.model_validate_json((out / "summary.json").read_text())
     skipped = {t.phase for t in again.timings if t.skipped}
     assert skipped == {"sft"}
+    # The first run's timings, which trained SFT, are kept beside the re-run's.
+    assert again.earlier_invocations == [summary.invocation()]
+    assert "time, run 2 of 2" in (out / "summary.txt").read_text()
     assert "sft: finished earlier" in output
     assert "resuming demo-rl" in output
     assert len(_lines(generations)) == QUICK_HELDOUT

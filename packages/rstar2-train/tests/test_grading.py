@@ -1,16 +1,17 @@
-"""Grading in the RL stage: the in-process adapter, and the ``Grader`` validation is given."""
+"""Grading in the RL stage: the in-process adapter, its warm-up, and what validation is given."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from collections.abc import Sequence
+from typing import Any, cast
 
-import pytest
-
-from rstar2_eval import AnswerFormat, Grade, Grader, GraderConfig
+from rstar2_eval import AnswerFormat, AsyncGrader, Grade, Grader, GraderConfig
 from rstar2_eval.grading import ProgressCallback
+from rstar2_sandbox.protocol import Sandbox
 from rstar2_train.rl.grading import Grading, LocalGrading
+from rstar2_train.rl.resources import rollout_resources
 
 RESPONSES = ["<answer>\\boxed{42}</answer>", "<answer>\\boxed{41}</answer>", "no answer"]
 GOLDS = ["42", "42", "42"]
@@ -22,6 +23,7 @@ class RecordingGrader(Grader):
     def __init__(self) -> None:
         super().__init__(GraderConfig(workers=1))
         self.threads: list[int] = []
+        self.batches: list[int] = []
         self.closed = False
 
     def grade_many(
@@ -33,6 +35,7 @@ class RecordingGrader(Grader):
         on_graded: ProgressCallback | None = None,
     ) -> list[Grade]:
         self.threads.append(threading.get_ident())
+        self.batches.append(len(responses))
         return super().grade_many(responses, golds, answer_format=answer_format)
 
     def close(self) -> None:
@@ -45,67 +48,103 @@ def test_local_grading_grades_on_a_thread_and_closes_its_grader() -> None:
     grading = LocalGrading(grader)
 
     async def run() -> tuple[list[Grade], int]:
-        return await grading.grade(RESPONSES, GOLDS), threading.get_ident()
+        return await grading.agrade_many(RESPONSES, GOLDS), threading.get_ident()
 
     grades, loop_thread = asyncio.run(run())
     assert [g.status for g in grades] == ["correct", "incorrect", "no_answer"]
     assert grades == Grader(GraderConfig(workers=1)).grade_many(RESPONSES, GOLDS)
     assert len(grader.threads) == 1
     assert grader.threads[0] != loop_thread  # the event loop kept running rollouts
-    # Validation gets the grader itself, and no figures are added to the step's metrics.
-    assert grading.as_grader() is grader
+    # Validation hands the grading itself to rstar2-eval's evaluate: it is an AsyncGrader.
+    assert isinstance(grading, AsyncGrader)
     assert grading.config is grader.config
     assert grading.metrics() == {}
     asyncio.run(grading.aclose())
     assert grader.closed
 
 
-class LoopGrading(Grading):
-    """Grades on the event loop, recording which thread ran each batch."""
+def test_rollouts_ending_together_are_graded_in_one_batch() -> None:
+    grader = RecordingGrader()
+    grading = LocalGrading(grader)
+    answers = [r"\frac{1}{2}", "0.5", r"\frac{2}{4}", r"\frac{1}{3}"]
 
-    def __init__(self) -> None:
-        self.config = GraderConfig(workers=1, boxed_fallback=True)
-        self.grader = Grader(self.config)
-        self.threads: list[int] = []
+    async def run() -> list[list[Grade]]:
+        # One call per rollout as it ends, as the rollout phase makes them.
+        return await asyncio.gather(
+            *(grading.agrade_many([f"<answer>\\boxed{{{a}}}</answer>"], ["0.5"]) for a in answers)
+        )
 
-    async def grade(
+    try:
+        graded = asyncio.run(run())
+    finally:
+        asyncio.run(grading.aclose())
+    assert [batch[0].correct for batch in graded] == [True, True, True, False]
+    assert grader.batches == [4]  # one pool call with all four, not four calls one by one
+
+
+def test_warm_up_starts_the_workers_before_any_answer_needs_them() -> None:
+    grader = RecordingGrader()
+    grading = LocalGrading(grader)
+    assert not grader.pool_started
+    asyncio.run(grading.warm_up())
+    assert grader.pool_started
+    assert grader.threads == []  # warming grades nothing
+    asyncio.run(grading.aclose())
+
+
+class _Recorder(Grading):
+    def __init__(self, events: list[str]) -> None:
+        self.config = GraderConfig(workers=1)
+        self.events = events
+
+    async def agrade_many(
         self,
         responses: Sequence[str],
         golds: Sequence[str],
         *,
         answer_format: AnswerFormat | Sequence[AnswerFormat] = "math",
     ) -> list[Grade]:
-        self.threads.append(threading.get_ident())
-        return self.grader.grade_many(responses, golds, answer_format=answer_format)
+        raise AssertionError("not graded here")
+
+    async def warm_up(self) -> None:
+        self.events.append("warm-up started")
+        await asyncio.sleep(0.05)
+        self.events.append("warm")
 
     async def aclose(self) -> None:
-        self.grader.close()
+        self.events.append("grading closed")
 
 
-def test_validations_grader_runs_grade_on_the_loop_from_a_worker_thread() -> None:
-    grading = LoopGrading()
-    positions: list[list[int]] = []
+class _Engine:
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
 
-    async def run() -> tuple[Grader, list[Grade], int]:
-        grader = grading.as_grader()
-        # What rstar2-eval's evaluate does with the grader it is given.
-        grades = await asyncio.to_thread(
-            grader.grade_many, RESPONSES, GOLDS, answer_format="math", on_graded=positions.append
-        )
-        return grader, grades, threading.get_ident()
+    async def start(self) -> None:
+        await asyncio.sleep(0.05)  # loading weights
+        self.events.append("engine started")
 
-    grader, grades, loop_thread = asyncio.run(run())
-    assert [g.status for g in grades] == ["correct", "incorrect", "no_answer"]
-    assert grading.threads == [loop_thread]
-    assert positions == [[0, 1, 2]]
-    assert grader.config is grading.config  # evaluate records boxed_fallback and timeout_s
-    assert not grader.pool_started
+    async def close(self) -> None:
+        self.events.append("engine closed")
 
-    async def on_the_loop() -> None:
-        grading.as_grader().grade_many(RESPONSES, GOLDS)
 
-    with pytest.raises(RuntimeError, match="must run in a worker thread"):
-        asyncio.run(on_the_loop())
+class _Sandbox:
+    async def aclose(self) -> None:
+        pass
+
+
+def test_the_stage_warms_grading_while_the_engines_start() -> None:
+    events: list[str] = []
+
+    async def run() -> None:
+        engines = cast(list[Any], [_Engine(events)])
+        async with rollout_resources(engines, cast(Sandbox, _Sandbox()), _Recorder(events)):
+            events.append("first step")
+
+    asyncio.run(run())
+    # The warm-up overlaps the engines' start, and both are done before the first step.
+    assert events.index("warm-up started") < events.index("engine started")
+    assert set(events[:3]) == {"warm-up started", "engine started", "warm"}
+    assert events[3:] == ["first step", "engine closed", "grading closed"]
 
 
 def test_grader_actors_default_to_one_worker_per_cpu_unless_workers_is_set() -> None:

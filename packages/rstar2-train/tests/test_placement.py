@@ -258,7 +258,7 @@ def test_grader_actors_share_batches_and_a_dead_ones_go_to_the_others(cluster: N
     def grade_all() -> list[bool]:
         async def batches() -> list[list[bool]]:
             graded = await asyncio.gather(
-                *(grading.grade([r], [g]) for r, g in zip(responses, golds, strict=True))
+                *(grading.agrade_many([r], [g]) for r, g in zip(responses, golds, strict=True))
             )
             return [[grade.correct for grade in batch] for batch in graded]
 
@@ -267,6 +267,7 @@ def test_grader_actors_share_batches_and_a_dead_ones_go_to_the_others(cluster: N
     with Grader(config) as local:
         expected = [grade.correct for grade in local.grade_many(responses, golds)]
     assert expected == [True, True, True, False, False, False]
+    asyncio.run(grading.warm_up())  # every actor's workers, before the first step
     assert grade_all() == expected
     # Six batches at once, each to the least busy actor: three each, graded in the actors.
     assert ray.get([h.graded_items.remote() for h in grading.handles]) == [3, 3]
@@ -280,7 +281,7 @@ def test_grader_actors_share_batches_and_a_dead_ones_go_to_the_others(cluster: N
     kill_grader(grading.handles[0])
     lost = r"(?s)all 2 grader actors died \(grader-0: .*grader-1: .*resume the stage"
     with pytest.raises(GradersLostError, match=lost):
-        asyncio.run(grading.grade(["<answer>\\boxed{1}</answer>"], ["1"]))
+        asyncio.run(grading.agrade_many(["<answer>\\boxed{1}</answer>"], ["1"]))
 
 
 PLACEMENT = (

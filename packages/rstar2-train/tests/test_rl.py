@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from tiny_runs import DemoData, rl_config
 from transformers import AutoModelForCausalLM
+from wandb_records import offline_run, read_records
 
 from rstar2_train import read_metrics, run_stage
 from rstar2_train.checkpoint import read_state
@@ -43,16 +46,33 @@ REQUIRED = {
 
 
 @pytest.fixture(scope="module")
-def rl_run(sft_run: Path, demo_data: DemoData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def rl_run(
+    sft_run: Path,
+    demo_data: DemoData,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch_module: pytest.MonkeyPatch,
+) -> Path:
     output = tmp_path_factory.mktemp("runs") / "rl"
     validation = (
         f"rl.validation={{benchmarks: [demo={demo_data.problems}], at_start: true, "
         "every_steps: 1, samples: 1, temperature: 0}"
     )
+    # Offline W&B must need nothing from outside: no login, no network, no settings of ours.
+    monkeypatch_module.setenv("WANDB_API_KEY", "")
+    monkeypatch_module.setenv("WANDB_CONFIG_DIR", str(output.parent / "wandb-config"))
+    wandb = "logging.wandb={mode: offline, project: rstar2-tests, tags: [test]}"
     run_stage(
-        rl_config(demo_data, sft_run / "final", output, "schedule.warmup_steps=0", validation)
+        rl_config(
+            demo_data, sft_run / "final", output, "schedule.warmup_steps=0", validation, wandb
+        )
     )
     return output
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
 
 
 def test_every_step_logs_what_the_issue_asks(rl_run: Path) -> None:
@@ -96,6 +116,40 @@ def test_run_directory_holds_everything(rl_run: Path) -> None:
         "response_length.png",
         "tool_errors.png",
     }
+
+
+def test_wandb_offline_run_holds_config_metrics_and_rollouts(rl_run: Path) -> None:
+    records = read_records(offline_run(rl_run))
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.project == "rstar2-tests"
+    assert run.display_name == "tiny-rl"
+    assert list(run.tags) == ["test"]
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["rl"]["steps"] == 2
+    assert config["output_dir"] == str(rl_run)
+    # Every step's metrics, as metrics.jsonl has them (validation before the first step: 0).
+    history: dict[int, dict[str, object]] = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "history":
+            items = {
+                "/".join(i.nested_key) or i.key: json.loads(i.value_json)
+                for i in record.history.item
+            }
+            history.setdefault(int(items["_step"]), {}).update(items)
+    for logged in read_metrics(rl_run / "metrics.jsonl"):
+        step = history[logged["step"]]
+        for name, value in logged.items():
+            if name != "step" and value is not None:
+                assert step[name] == pytest.approx(value), name
+    # Each RL step's sample rollouts, as a table whose rows hold the whole conversation.
+    for number in (1, 2):
+        assert history[number]["samples/rollouts/_type"] == "table-file"
+        table = offline_run(rl_run).parent / "files" / str(history[number]["samples/rollouts/path"])
+        rows = json.loads(table.read_text())
+        conversation = rows["columns"].index("conversation")
+        assert len(rows["data"]) == 4  # logging.sample_rollouts
+        assert all("**Turn 1**" in row[conversation] for row in rows["data"])
+    assert (rl_run / "wandb" / "run-id").read_text().strip() == run.run_id
 
 
 def test_validation_runs_on_the_trainers_engines(rl_run: Path) -> None:

@@ -11,6 +11,7 @@ from rstar2_algo._rng import RandomSource
 from rstar2_algo.advantages import AdvantageScale, GroupAdvantages, group_advantages
 from rstar2_algo.aggregation import LossAggregation, aggregate
 from rstar2_algo.filtering import DroppedGroup, DropReason, GroupFilter, filter_groups
+from rstar2_algo.fused_head import HeadLogProbs, fused_linear_logprobs
 from rstar2_algo.kl import KLEstimator, kl_divergence
 from rstar2_algo.logprobs import entropy_from_logits, selective_log_softmax
 from rstar2_algo.policy_loss import PolicyLoss, policy_loss
@@ -33,6 +34,7 @@ __all__ = [
     "GroupAdvantages",
     "GroupFilter",
     "GroupIds",
+    "HeadLogProbs",
     "KLEstimator",
     "LossAggregation",
     "PolicyLoss",
@@ -45,6 +47,7 @@ __all__ = [
     "aggregate",
     "entropy_from_logits",
     "filter_groups",
+    "fused_linear_logprobs",
     "group_advantages",
     "kl_divergence",
     "policy_loss",

@@ -31,12 +31,14 @@ def aggregate(
     """Aggregate ``values`` over the positions where ``mask`` is set.
 
     ``values`` and ``mask`` share a shape; the sequence modes need 2-D ``[sequences, tokens]``.
-    The mask may be bool or 0/1 floats. Normalisers default to this batch's own (tokens with mask
-    set; sequences with at least one such token; ``norm_length`` = the padded length), and an
-    empty mask gives 0 rather than NaN. A data-parallel or gradient-accumulating trainer passes
-    the global ``token_count`` (token-mean) or ``seq_count`` (sequence modes), and a constant
-    ``norm_length`` (the response budget), so the sum of micro-batch losses equals the loss of
-    the whole batch. Counts may be tensors (e.g. all-reduced) to avoid a device sync.
+    The mask may be bool or 0/1 floats; values where it is not set never reach the result or its
+    gradient, whatever they are (``inf`` and ``NaN`` included). Normalisers default to this
+    batch's own (tokens with mask set; sequences with at least one such token; ``norm_length`` =
+    the padded length), and an empty mask gives 0 rather than NaN. A data-parallel or
+    gradient-accumulating trainer passes the global ``token_count`` (token-mean) or
+    ``seq_count`` (sequence modes), and a constant ``norm_length`` (the response budget), so the
+    sum of micro-batch losses equals the loss of the whole batch. Counts may be tensors (e.g.
+    all-reduced) to avoid a device sync.
     """
     if agg not in get_args(LossAggregation):
         raise ValueError(f"agg must be one of {get_args(LossAggregation)}, got {agg!r}")
@@ -49,7 +51,10 @@ def aggregate(
     if norm_length is not None and norm_length < 1:
         raise ValueError(f"norm_length must be >= 1, got {norm_length}")
     weights = mask.to(values.dtype)
-    masked = values * weights
+    # Select rather than multiply: 0 * inf and 0 * NaN are NaN, and masked positions routinely
+    # hold non-finite values (padding logits, an overflowed ratio). ``where`` also sends a zero
+    # gradient, never NaN, to the positions it does not select.
+    masked = torch.where(mask.bool(), values, values.new_zeros(()))
 
     if agg == "token-mean":
         if seq_count is not None or norm_length is not None:

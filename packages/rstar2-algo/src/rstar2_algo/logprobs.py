@@ -29,6 +29,11 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0 or temperature == float("inf"):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature}")
+
+
 def _check_common(logits: torch.Tensor, temperature: float, chunk_size: int | None) -> int:
     """Validate; return the rows per chunk."""
     if not logits.is_floating_point():
@@ -39,8 +44,7 @@ def _check_common(logits: torch.Tensor, temperature: float, chunk_size: int | No
         )
     if logits.shape[-1] == 0:
         raise ValueError("logits must have a non-empty vocabulary dimension")
-    if not temperature > 0 or temperature == float("inf"):
-        raise ValueError(f"temperature must be a positive finite number, got {temperature}")
+    _check_temperature(temperature)
     if chunk_size is None:
         budget = CPU_CHUNK_ELEMENTS if logits.device.type == "cpu" else ACCELERATOR_CHUNK_ELEMENTS
         return max(1, budget // logits.shape[-1])

@@ -100,7 +100,12 @@ def policy_loss(
         logprobs, old_logprobs, advantages, mask, eps_low, eps_high, dual_clip
     ).detach()
     old_logprobs = old_logprobs.detach()
-    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    # Masked positions (padding, tool tokens) may hold inf or NaN log-probs; selecting 0 there
+    # before any arithmetic keeps the loss and the gradient of ``logprobs`` finite.
+    selected = mask.bool()
+    advantages = torch.where(selected, advantages, advantages.new_zeros(()))
+    log_ratio = torch.where(selected, logprobs - old_logprobs, logprobs.new_zeros(()))
+    log_ratio = log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - eps_low, 1 + eps_high)
@@ -130,7 +135,7 @@ def policy_loss(
             clip_fraction_low=token_mean(negative & (ratio < 1 - eps_low)),
             clip_fraction_high=token_mean(positive & (ratio > 1 + eps_high)),
             dual_clip_fraction=token_mean(dual),
-            approx_kl=token_mean(kl_divergence(old_logprobs, logprobs.detach(), "k3")),
+            approx_kl=token_mean(kl_divergence(torch.zeros_like(log_ratio), log_ratio, "k3")),
             ratio_mean=token_mean(ratio),
             ratio_max=masked_ratio.max() if masked_ratio.numel() else masked_ratio.sum(),
         )

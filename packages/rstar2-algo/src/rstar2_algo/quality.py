@@ -13,9 +13,9 @@ class TrajectoryQuality:
     """What one rollout did, counted by the rollout loop.
 
     Failed tool calls are split by kind; a tool call that did not parse counts as a call with a
-    parse error. ``answer_tags`` is the number of ``<answer>`` tags in the response; ``turns`` the
+    parse error. ``answer_tags`` is the number of answer tags in the response; ``turns`` the
     number of assistant turns. ``turns`` is 0 when the engine failed the first request: such a
-    rollout generated nothing, so it has no tool call and no ``<answer>`` tag either.
+    rollout generated nothing, so it has no tool call and no answer tag either.
     ``truncated`` marks a rollout that ended without a final turn (response budget, turn limit,
     engine failure): its reward is 0 upstream, so Resample-on-Correct treats it as a negative like
     any other; the flag does not change its penalty.
@@ -66,7 +66,7 @@ class TrajectoryQuality:
 
     @property
     def format_penalty(self) -> float:
-        """p_format = 1 without an ``<answer>`` tag, else min(1, (answer_tags - 1) / turns)."""
+        """p_format = 1 without an answer tag, else min(1, (answer_tags - 1) / turns)."""
         if self.answer_tags == 0:
             return 1.0
         return min(1.0, (self.answer_tags - 1) / self.turns)

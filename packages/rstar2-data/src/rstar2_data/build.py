@@ -26,6 +26,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from rstar2_data.benchmarks import BenchmarkSpec
 from rstar2_data.converters import RowError, get_converter
 from rstar2_data.converters.base import Converter, RowKind
 from rstar2_data.converters.math_sources import MappedMath
@@ -42,7 +43,7 @@ from rstar2_data.filters import (
     load_tallies,
 )
 from rstar2_data.jsonl import atomic_write_bytes, jsonl_bytes
-from rstar2_data.loading import iter_source
+from rstar2_data.loading import iter_hub, iter_local, iter_source
 from rstar2_data.recipe import (
     DecontaminateSpec,
     DedupSpec,
@@ -116,9 +117,7 @@ def _convert(
 ) -> tuple[list[Row], int, Counter[str]]:
     """Converted rows, rows read, and malformed rows per reason."""
     converter: Converter[Any] = (
-        get_converter(spec.converter)
-        if spec.converter is not None
-        else MappedMath(**_field_kwargs(spec))
+        get_converter(spec.converter) if spec.converter is not None else MappedMath(spec.fields)
     )
     out: list[Row] = []
     malformed: Counter[str] = Counter()
@@ -132,17 +131,6 @@ def _convert(
                 logger.warning("%s row %d: %s (first of its kind)", spec.name, index, error)
             malformed[error.reason] += 1
     return out, read, malformed
-
-
-def _field_kwargs(spec: SourceSpec) -> dict[str, Any]:
-    assert spec.fields is not None  # SourceSpec validation: converter or fields
-    fields = spec.fields
-    return {
-        "problem": fields.problem,
-        "answer": fields.answer,
-        "id_field": fields.id,
-        "keep": fields.keep,
-    }
 
 
 def _demo_rows(spec: SourceSpec, recipe: Recipe) -> list[Row]:
@@ -230,18 +218,26 @@ def _sample(rows: list[Row], target: int | None, rng: random.Random) -> list[Row
     return [rows[i] for i in sorted(rng.sample(range(len(rows)), target))]
 
 
+def _benchmark_rows(bench: BenchmarkSpec) -> Iterator[dict[str, Any]]:
+    """A benchmark's rows: its local file when it names one, else every config on the hub."""
+    if bench.path is not None:
+        yield from iter_local(bench.path)
+        return
+    assert bench.hub is not None  # BenchmarkSpec validation: hub or path
+    for config in bench.hub.configs:
+        yield from iter_hub(bench.hub.path, config=config, split=bench.hub.split)
+
+
 def _benchmark_texts(spec: DecontaminateSpec) -> dict[str, list[str]]:
     texts: dict[str, list[str]] = {}
     for bench in spec.benchmarks:
-        rows = iter_source(hub=bench.hub, path=bench.path, config=bench.config, split=bench.split)
         found = []
-        for number, row in enumerate(rows, start=1):
-            value = row.get(bench.field)
-            if not isinstance(value, str):
-                raise BuildError(
-                    f"benchmark {bench.name}: row {number} has no string {bench.field!r}"
-                )
-            found.append(value)
+        for number, row in enumerate(_benchmark_rows(bench), start=1):
+            problem = bench.fields.find(row, "problem")
+            if problem is None or not isinstance(problem[1], str):
+                names = " or ".join(repr(name) for name in bench.fields.problem)
+                raise BuildError(f"benchmark {bench.name}: row {number} has no string {names}")
+            found.append(problem[1])
         texts[bench.name] = found
     return texts
 

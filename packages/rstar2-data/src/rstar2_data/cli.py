@@ -18,8 +18,14 @@ from rstar2_data.build import BuildError, build, load_built, read_manifest
 from rstar2_data.jsonl import DataFileError
 from rstar2_data.recipe import RecipeError, load_recipe, shipped_recipes
 from rstar2_data.schemas import MathProblem
+from rstar2_data.terminal import FittedTable
 
-app = typer.Typer(help="Dataset recipes, converters and filters for rstar2.", no_args_is_help=True)
+app = typer.Typer(
+    help="Dataset recipes, converters and filters for rstar2.",
+    no_args_is_help=True,
+    # Plain help: it wraps between words at any width, where rich's option panels cut words.
+    rich_markup_mode=None,
+)
 console = Console()
 
 
@@ -73,7 +79,7 @@ def _print_manifest(out: Path) -> None:
         sources.add_row(
             s.name, s.origin, str(s.rows_read), str(s.converted), malformed, str(s.taken)
         )
-    console.print(sources)
+    console.print(FittedTable(sources))
     if manifest.filters:
         filters = Table(title="filters")
         for column in ("filter", "in", "kept", "removed"):
@@ -81,7 +87,7 @@ def _print_manifest(out: Path) -> None:
         for f in manifest.filters:
             removed = ", ".join(f"{k}: {v}" for k, v in f.removed.items()) or "-"
             filters.add_row(f.name, str(f.rows_in), str(f.kept), removed)
-        console.print(filters)
+        console.print(FittedTable(filters))
     console.print(f"rows: {manifest.rows}  sha256: {manifest.content_sha256}")
 
 
@@ -116,7 +122,7 @@ def stats(
         table.add_row("median messages", str(statistics.median(len(c.messages) for c in chats)))
         table.add_row("with tool calls", str(sum(1 for n in calls if n)))
         table.add_row("tool calls", str(sum(calls)))
-    console.print(table)
+    console.print(FittedTable(table))
 
 
 @app.command()
@@ -130,4 +136,4 @@ def recipes() -> None:
         # Header fields only: full validation needs the --var values some recipes take.
         header = yaml.safe_load(text)
         table.add_row(name, header["kind"], header.get("description", ""))
-    console.print(table)
+    console.print(FittedTable(table))

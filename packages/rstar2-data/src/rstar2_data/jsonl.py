@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
+import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,16 +68,33 @@ def read_models(path: Path, model: type[ModelT]) -> list[ModelT]:
 def atomic_output(path: Path) -> Iterator[Path]:
     """A temporary path next to ``path`` that replaces ``path`` when the block succeeds.
 
-    Readers never see a half-written file, and a failed write leaves the old one in place.
+    Readers never see a half-written file, and a failed write leaves the old one in place. A new
+    file gets the mode ``open`` would give it (0666 less the umask); a replaced one keeps its own.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = _create_temporary(path)
     try:
-        yield Path(tmp)
+        yield tmp
+        if path.exists():  # a rewrite keeps the permissions the user gave the file
+            tmp.chmod(stat.S_IMODE(path.stat().st_mode))
         os.replace(tmp, path)
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+
+
+def _create_temporary(path: Path) -> Path:
+    """A new empty file beside ``path`` with the mode any new file gets (0666 less the umask).
+
+    ``tempfile.mkstemp`` would make it 0600, and ``os.replace`` keeps that mode: datasets and
+    reports would be unreadable by the group and others whatever the umask allows.
+    """
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from rstar2_data.benchmarks import BenchmarkSpec, FieldMap, resolve_path
 from rstar2_data.converters import CONVERTERS, get_converter
 from rstar2_data.converters.base import RowKind
 from rstar2_data.demo.generator import DEFAULT_HELDOUT_SHARE, Split
@@ -35,26 +36,6 @@ class RecipeError(ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _resolve(value: Path | None, info: ValidationInfo) -> Path | None:
-    """A path relative to the recipe's folder, which must exist."""
-    if value is None:
-        return None
-    base = (info.context or {}).get("base_dir")
-    path = value if value.is_absolute() or base is None else Path(base) / value
-    if not path.exists():
-        raise ValueError(f"path does not exist: {path}")
-    return path
-
-
-class FieldMap(_Strict):
-    """Columns of a local or hub math source without a named converter (dotted paths nest)."""
-
-    problem: str = "problem"
-    answer: str = "answer"
-    id: str | None = Field(default=None, description="Id column; default <source>-<row index>.")
-    keep: tuple[str, ...] = Field(default=(), description="Columns copied into metadata.")
 
 
 class DemoOptions(_Strict):
@@ -106,7 +87,7 @@ class SourceSpec(_Strict):
     count: int | None = Field(default=None, gt=0, description="Take this many rows (seeded).")
     weight: float | None = Field(default=None, gt=0, description="Share of the recipe's total.")
 
-    _resolve_path = field_validator("path")(_resolve)
+    _resolve_path = field_validator("path")(resolve_path)
 
     @field_validator("converter")
     @classmethod
@@ -138,25 +119,6 @@ class SourceSpec(_Strict):
         return get_converter(self.converter).kind if self.converter else None
 
 
-class BenchmarkSpec(_Strict):
-    """An evaluation set to decontaminate against."""
-
-    name: str = Field(min_length=1)
-    hub: str | None = None
-    path: Path | None = None
-    config: str | None = None
-    split: str = "test"
-    field: str = Field(default="problem", description="Column holding the problem text.")
-
-    _resolve_path = field_validator("path")(_resolve)
-
-    @model_validator(mode="after")
-    def _one_origin(self) -> Self:
-        if (self.hub is None) == (self.path is None):
-            raise ValueError("give exactly one of hub, path")
-        return self
-
-
 class IntegerAnswerSpec(_Strict):
     type: Literal["integer_answer"]
     max_abs: int = Field(default=DEFAULT_MAX_ABS, gt=0)
@@ -175,7 +137,7 @@ class DecontaminateSpec(_Strict):
 
 
 def _resolve_all(values: list[Path], info: ValidationInfo) -> list[Path]:
-    return [p for p in (_resolve(v, info) for v in values) if p is not None]
+    return [p for p in (resolve_path(v, info) for v in values) if p is not None]
 
 
 class LabelVerificationSpec(_Strict):

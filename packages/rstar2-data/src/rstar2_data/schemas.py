@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rstar2_data.protocol import ToolCall
+
 AnswerKind = Literal["integer", "expression"]
 
 
@@ -27,25 +29,6 @@ class MathProblem(BaseModel):
 Role = Literal["system", "user", "assistant", "tool"]
 
 
-class FunctionCall(BaseModel):
-    """The function a tool call names, with its arguments as a JSON object (not a string)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(min_length=1)
-    arguments: dict[str, Any] = Field(default_factory=dict)
-
-
-class ToolCall(BaseModel):
-    """One tool call of an assistant message, in the OpenAI chat format."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str = Field(min_length=1, description="Links the call to its tool message.")
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
 class ChatMessage(BaseModel):
     """One message in the OpenAI chat format."""
 
@@ -54,7 +37,7 @@ class ChatMessage(BaseModel):
     role: Role
     content: str = ""
     tool_calls: list[ToolCall] | None = Field(
-        default=None, description="Only on assistant messages."
+        default=None, description="Only on assistant messages (the protocol's ``ToolCall``)."
     )
     tool_call_id: str | None = Field(default=None, description="Only on tool messages.")
     name: str | None = Field(default=None, description="The tool's name, on tool messages.")

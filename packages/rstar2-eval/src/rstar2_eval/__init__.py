@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from rstar2_eval.extraction import find_boxed as find_boxed
     from rstar2_eval.generations import Generation as Generation
     from rstar2_eval.generations import read_generations as read_generations
+    from rstar2_eval.grading import AsyncGrader as AsyncGrader
     from rstar2_eval.grading import Grade as Grade
     from rstar2_eval.grading import GradeMethod as GradeMethod
     from rstar2_eval.grading import Grader as Grader
@@ -71,6 +72,7 @@ _EXPORTS = {
     "find_boxed": "rstar2_eval.extraction",
     "Generation": "rstar2_eval.generations",
     "read_generations": "rstar2_eval.generations",
+    "AsyncGrader": "rstar2_eval.grading",
     "Grade": "rstar2_eval.grading",
     "GradeMethod": "rstar2_eval.grading",
     "Grader": "rstar2_eval.grading",

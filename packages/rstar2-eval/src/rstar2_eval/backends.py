@@ -22,6 +22,7 @@ from rstar2_eval.errors import InputError
 from rstar2_eval.settings import EvalSettings
 from rstar2_sandbox.protocol import Sandbox
 from rstar2_scheduler import ChatConfig, Engine, SchedulerConfig
+from rstar2_scheduler.engines import EndpointError
 from rstar2_scheduler.protocol import ChatProtocol, Conversation
 
 logger = logging.getLogger(__name__)
@@ -248,8 +249,12 @@ async def endpoint_scheduler(
     """How rollouts are placed on endpoints (started here): at most ``concurrency`` in flight
     per endpoint; live kv-aware admission where every server publishes KV statistics (vLLM,
     SGLang), else a reservation of ``longest_request`` tokens per rollout in room for
-    ``concurrency`` of them."""
-    await asyncio.gather(*(engine.start() for engine in engines))
+    ``concurrency`` of them. A server that cannot serve the rollouts (``EndpointError``: it
+    accepts no request shape, or would drop markers the rollout parses) is an InputError."""
+    try:
+        await asyncio.gather(*(engine.start() for engine in engines))
+    except EndpointError as error:
+        raise InputError("--endpoint", str(error)) from None
     cap = concurrency * len(engines)
     room = concurrency * longest_request
     if all(engine.kv_stats().capacity_tokens for engine in engines):

@@ -12,6 +12,8 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rstar2_data.protocol import ANSWER_OPEN
+from rstar2_data.terminal import FittedTable
 from rstar2_eval.cli_run import run
 from rstar2_eval.errors import InputError
 from rstar2_eval.generations import read_generations
@@ -39,6 +41,8 @@ app = typer.Typer(
     "the benchmark registry.",
     no_args_is_help=True,
     add_completion=False,
+    # Plain help: it wraps between words at any width, where rich's option panels cut words.
+    rich_markup_mode=None,
 )
 logger = logging.getLogger("rstar2_eval")
 app.command("run")(run)
@@ -81,7 +85,7 @@ def score(
             "--limit); registry benchmarks named in the file are always found.",
         ),
     ] = None,
-    out_dir: Annotated[
+    out: Annotated[
         Path | None,
         typer.Option(
             file_okay=False,
@@ -89,6 +93,9 @@ def score(
             "<stem>.scores.png (<stem> is the generations file name without its suffix). "
             "Default: the generations file's directory.",
         ),
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option(file_okay=False, hidden=True, help="Old name of --out.")
     ] = None,
     plot: Annotated[
         bool, typer.Option("--plot", help="Also write a PNG bar chart (needs the plot extra).")
@@ -112,8 +119,9 @@ def score(
     boxed_fallback: Annotated[
         bool,
         typer.Option(
-            help="When the <answer> block holds no \\boxed{}, use the last \\boxed{} anywhere "
-            "(the released code's rule). Off: only the <answer> block counts (the paper's rule).",
+            help=f"When the {ANSWER_OPEN} block holds no \\boxed{{}}, use the last \\boxed{{}} "
+            f"anywhere (the released code's rule). Off: only the {ANSWER_OPEN} block counts (the "
+            "paper's rule).",
         ),
     ] = False,
     timeout: Annotated[
@@ -144,6 +152,8 @@ def score(
         **({"workers": workers} if workers is not None else {}),
     )
     try:
+        if out is not None and out_dir is not None and out != out_dir:
+            raise InputError("--out", f"--out-dir (its old name) says {out_dir}; give --out only")
         numbered = read_generations(generations)
         run_file = generations.parent / RUN_FILE
         if benchmarks is not None:
@@ -175,7 +185,7 @@ def score(
         errors.print(f"[red]error:[/red] {error}", highlight=False, markup=True, soft_wrap=True)
         raise typer.Exit(code=2) from None
 
-    directory = out_dir if out_dir is not None else generations.parent
+    directory = out or out_dir or generations.parent
     stem = generations.stem
     written = [directory / f"{stem}.report.json", directory / f"{stem}.problems.csv"]
     write_report_json(result.report, written[0])
@@ -211,14 +221,15 @@ def benchmarks() -> None:
     for column in ("name", "title", "hub dataset", "config(s)", "split", "local file", "answers"):
         table.add_column(column)
     for spec in BENCHMARKS.values():
-        configs = ", ".join(config or "default" for config in spec.hub.configs)
+        hub = spec.hub
+        configs = ", ".join(config or "default" for config in hub.configs) if hub else ""
         table.add_row(
             spec.name,
             spec.title,
-            spec.hub.path,
+            hub.path if hub else "",
             configs,
-            spec.hub.split,
-            spec.local_file,
+            hub.split if hub else "",
+            str(spec.path or ""),
             spec.answer_format,
         )
-    Console().print(table)
+    Console().print(FittedTable(table))

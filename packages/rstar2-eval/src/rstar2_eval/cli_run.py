@@ -16,6 +16,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from rstar2_data.protocol import ANSWER_OPEN, REASON_OPEN
 from rstar2_eval.errors import InputError
 from rstar2_eval.pool import GradingError
 
@@ -229,7 +230,7 @@ def run(
     reason_prefill: Annotated[
         str | None,
         typer.Option(
-            help="Text pre-filled after the first assistant header. Default: <reason> "
+            help=f"Text pre-filled after the first assistant header. Default: {REASON_OPEN} "
             "(rstar2 and the released code); '' for none.",
         ),
     ] = None,
@@ -283,8 +284,8 @@ def run(
         bool | None,
         typer.Option(
             "--boxed-fallback",
-            help="When the <answer> block holds no \\boxed{}, use the last one anywhere (the "
-            "released code's rule; off: the paper's).",
+            help=f"When the {ANSWER_OPEN} block holds no \\boxed{{}}, use the last one anywhere "
+            "(the released code's rule; off: the paper's).",
         ),
     ] = None,
     plot: Annotated[
@@ -298,6 +299,15 @@ def run(
             "per set every 30 s instead.",
         ),
     ] = None,
+    allow_identical_samples: Annotated[
+        bool | None,
+        typer.Option(
+            "--allow-identical-samples",
+            help="Accept a run whose k samples per problem came out identical at temperature "
+            "> 0 (still reported in the log and run.json). Without it such a run exits with "
+            "code 3: the engine most likely decoded greedily.",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug details.")] = False,
 ) -> None:
     """Evaluate a checkpoint or endpoint on benchmarks with the multi-turn Python tool loop.
@@ -305,7 +315,8 @@ def run(
     Every rollout is graded as it finishes and written to OUT/generations.jsonl (the input of
     `rstar2-eval score`), so a killed run loses nothing: run the same command again, or
     `rstar2-eval run --out OUT --resume`, to finish it. Exit codes: 0 done, 1 some rollouts
-    failed (run again to retry them), 2 bad input.
+    failed (run again to retry them), 2 bad input, 3 the samples of (nearly) every problem are
+    identical at temperature > 0 (see --allow-identical-samples).
     """
     values = {k: v for k, v in locals().items() if k not in ("out", "resume", "verbose")}
     console, errors = Console(), Console(stderr=True)
@@ -354,6 +365,15 @@ def run(
     if counts.failed:
         raise _fail(
             errors, f"{counts.failed} rollouts failed; run again with --out {out} to retry them", 1
+        )
+    diversity = report.sample_diversity
+    if diversity.collapsed and not diversity.accepted:
+        raise _fail(
+            errors,
+            f"{diversity.message()}. The run is kept in {out}; accept it with "
+            "--allow-identical-samples (e.g. rstar2-eval run --out DIR --resume "
+            "--allow-identical-samples)",
+            3,
         )
 
 

@@ -21,9 +21,10 @@ from rich.console import Console
 from transformers import PreTrainedTokenizerBase
 
 from rstar2_data.schemas import MathProblem
+from rstar2_eval.diversity import SampleDiversity, check_diversity
 from rstar2_eval.errors import InputError
 from rstar2_eval.generations import Generation
-from rstar2_eval.grading import Grader
+from rstar2_eval.grading import AsyncGrader
 from rstar2_eval.problem_sets import ProblemSet
 from rstar2_eval.progress import LiveProgress
 from rstar2_eval.reports import write_problems_csv, write_report_json
@@ -75,6 +76,9 @@ class EvalReport(BaseModel):
     )
     score: ScoreReport = Field(description="Per-benchmark metrics, as rstar2-eval score reports.")
     rollouts: RolloutCounts
+    sample_diversity: SampleDiversity = Field(
+        description="Whether the samples of each problem differ; collapsed: they did not."
+    )
     elapsed_s: float = Field(description="Wall time of this call.")
     out_dir: str | None = None
 
@@ -112,7 +116,7 @@ def to_generation(benchmark: str, sample_index: int, trajectory: Trajectory) -> 
         problem_id=trajectory.problem_id,
         sample_index=sample_index,
         response=trajectory.response_text,
-        response_tokens=len(trajectory.response_ids),
+        response_tokens=trajectory.response_tokens,
         tool_calls=quality.tool_calls,
         tool_errors=quality.failed_tool_calls,
         truncated=quality.truncated,
@@ -127,11 +131,11 @@ class _Sample:
 
 
 class _StreamingGrader:
-    """Grades samples as they arrive, in batches (everything queued since the last one), on a
-    thread so the event loop keeps driving rollouts."""
+    """Grades samples as they arrive, in batches (everything queued since the last one),
+    through the grader's ``agrade_many``, so the event loop keeps driving rollouts."""
 
     def __init__(
-        self, grader: Grader, sets: Mapping[str, ProblemSet], progress: LiveProgress
+        self, grader: AsyncGrader, sets: Mapping[str, ProblemSet], progress: LiveProgress
     ) -> None:
         self.grader = grader
         self.golds = {
@@ -161,8 +165,7 @@ class _StreamingGrader:
                 return
 
     async def _grade(self, generations: list[Generation]) -> None:
-        grades = await asyncio.to_thread(
-            self.grader.grade_many,
+        grades = await self.grader.agrade_many(
             [g.response for g in generations],
             [self.golds[g.benchmark][g.problem_id] for g in generations],
             answer_format=[self.formats[g.benchmark] for g in generations],
@@ -209,7 +212,7 @@ async def evaluate(
     engines: Sequence[Engine],
     tokenizer: PreTrainedTokenizerBase,
     sandbox: Sandbox,
-    grader: Grader,
+    grader: AsyncGrader,
     problem_sets: Sequence[ProblemSet],
     settings: EvalSettings | None = None,
     *,
@@ -222,13 +225,15 @@ async def evaluate(
     plot: bool = True,
     options: dict[str, Any] | None = None,
     execution: dict[str, Any] | None = None,
+    allow_identical_samples: bool = False,
 ) -> EvalReport:
     """Roll out every problem of ``problem_sets`` ``settings.samples`` times and score them.
 
     Rollouts are placed on ``engines`` by the scheduler's kv-aware policy (engines are started
     if needed, never closed), run their tool calls in ``sandbox`` and are graded by ``grader``
-    as they finish. Sample ``i`` of a problem is seeded from ``(settings.seed, set name,
-    problem id, i)`` alone.
+    as they finish (an ``AsyncGrader``: a ``Grader``, or any object with its ``config`` and
+    ``agrade_many``, such as a trainer's grader actors). Sample ``i`` of a problem is seeded
+    from ``(settings.seed, set name, problem id, i)`` alone.
 
     With ``out_dir``, finished samples go to ``out_dir/generations.jsonl`` as they end (the
     input format of ``rstar2-eval score``), the report to ``generations.report.json``,
@@ -236,6 +241,10 @@ async def evaluate(
     ``run.json``. A directory that already holds this run is resumed: finished samples are
     kept and graded again, the others generated. ``model`` labels what the engines run
     (default: ``engines``); ``options`` and ``execution`` are recorded in ``run.json``.
+
+    When k > 1 at temperature > 0 and the samples of (nearly) every problem are identical, a
+    warning naming the likely cause goes to the log, ``run.json`` and
+    ``EvalReport.sample_diversity`` (``allow_identical_samples`` records that it is accepted).
     """
     started = time.perf_counter()
     settings = settings if settings is not None else EvalSettings()
@@ -283,10 +292,17 @@ async def evaluate(
             boxed_fallback=grader.config.boxed_fallback,
             timeout_s=grader.config.timeout_s,
         )
+        diversity = check_diversity(samples, settings, engines, accepted=allow_identical_samples)
+        if diversity.collapsed:
+            logger.warning(
+                "%s%s",
+                diversity.message(),
+                " (accepted: --allow-identical-samples)" if diversity.accepted else "",
+            )
         elapsed = time.perf_counter() - started
         if directory is not None:
             _write_reports(directory, result, plot)
-            directory.finish(counts, elapsed)
+            directory.finish(counts, elapsed, diversity)
     finally:
         if directory is not None:
             directory.close()
@@ -304,6 +320,7 @@ async def evaluate(
         template_matches_rstar2=template == CHAT_TEMPLATE,
         score=result.report,
         rollouts=counts,
+        sample_diversity=diversity,
         elapsed_s=elapsed,
         out_dir=str(out_dir) if out_dir is not None else None,
     )
@@ -312,7 +329,7 @@ async def evaluate(
 async def _roll_out(
     engines: Sequence[Engine],
     runner: RolloutRunner,
-    grader: Grader,
+    grader: AsyncGrader,
     sets: Mapping[str, ProblemSet],
     settings: EvalSettings,
     todo: Sequence[_Sample],

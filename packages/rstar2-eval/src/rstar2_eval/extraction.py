@@ -1,6 +1,7 @@
 """Final-answer extraction from a model response.
 
-The paper's rule: the answer is the ``\\boxed{...}`` inside the response's ``<answer>`` block. The
+The paper's rule: the answer is the ``\\boxed{...}`` inside the response's answer block (the
+protocol's answer tags, ``rstar2_data.protocol.ANSWER_OPEN``/``ANSWER_CLOSE``). The
 released code instead took the last ``\\boxed{}`` anywhere in the response; rstar2 offers that as
 an opt-in fallback and marks which rule produced each answer, so reports can show how often the
 fallback mattered.
@@ -13,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rstar2_data.protocol import ANSWER_CLOSE, ANSWER_OPEN
+
 ExtractionSource = Literal["answer_block", "boxed_fallback"]
 
 # `\boxed` or `\fbox` not followed by another letter (so `\boxedx` is a different macro).
@@ -20,8 +23,6 @@ _BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 # The argument of a brace-less `\boxed 5`: one token.
 _BARE_TOKEN = re.compile(r"[^\s${}]+")
 _BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)
-_ANSWER_OPEN = "<answer>"
-_ANSWER_CLOSE = "</answer>"
 
 
 class Extraction(BaseModel):
@@ -31,7 +32,7 @@ class Extraction(BaseModel):
 
     answer: str | None = Field(description="Content of the chosen box; None when none was found.")
     source: ExtractionSource | None = Field(description="Which rule produced the answer.")
-    answer_blocks: int = Field(ge=0, description="Number of <answer> blocks in the response.")
+    answer_blocks: int = Field(ge=0, description="Number of answer blocks in the response.")
 
 
 def _brace_pairs(text: str) -> dict[int, int]:
@@ -93,28 +94,28 @@ def _unwrap(content: str) -> str:
 
 
 def answer_blocks(response: str) -> list[str]:
-    """Contents of the ``<answer>`` blocks, in order.
+    """Contents of the answer blocks, in order.
 
-    A final block left open counts as well: generation commonly stops on the ``</answer>``
-    stop string, which the engine then strips from the text.
+    A final block left open counts as well: generation commonly stops on the closing answer tag
+    as a stop string, which the engine then strips from the text.
     """
     blocks: list[str] = []
     position = 0
-    while (start := response.find(_ANSWER_OPEN, position)) >= 0:
-        body_start = start + len(_ANSWER_OPEN)
-        end = response.find(_ANSWER_CLOSE, body_start)
+    while (start := response.find(ANSWER_OPEN, position)) >= 0:
+        body_start = start + len(ANSWER_OPEN)
+        end = response.find(ANSWER_CLOSE, body_start)
         if end < 0:
             blocks.append(response[body_start:])
             break
         blocks.append(response[body_start:end])
-        position = end + len(_ANSWER_CLOSE)
+        position = end + len(ANSWER_CLOSE)
     return blocks
 
 
 def extract_answer(response: str, *, boxed_fallback: bool = False) -> Extraction:
     """The final answer of ``response``.
 
-    The last ``<answer>`` block is the final one; its last box is the answer. With
+    The last answer block is the final one; its last box is the answer. With
     ``boxed_fallback``, a response whose final block holds no box (or that has no block) falls
     back to the last box anywhere in the text.
     """

@@ -2,6 +2,8 @@
 
 ``Grader`` is the long-lived object (the trainer keeps one for every RL step, so workers stay
 warm); ``grade_many``/``agrade_many`` are one-shot conveniences that start and stop their own.
+``AsyncGrader`` is what ``evaluate`` calls on a grader: a ``Grader`` is one, and so is anything
+else that grades the same way (a trainer's grader actors on Ray).
 """
 
 from __future__ import annotations
@@ -9,20 +11,25 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rstar2_eval.extraction import ExtractionSource, extract_answer
+from rstar2_eval.notation import is_prose, split_unit
 from rstar2_eval.pool import VerifierPool, VerifyResult
 from rstar2_eval.verification import AnswerFormat, fast_verdict
 
 GradeStatus = Literal["correct", "incorrect", "no_answer", "timeout", "ungradable"]
-"""``no_answer``: nothing to extract; ``timeout``/``ungradable``: the verdict could not be had."""
+"""``no_answer``: nothing to extract, or a box holding prose; ``timeout``/``ungradable``: the
+verdict could not be had."""
 
-GradeMethod = Literal["integer", "choice", "exact", "math_verify"]
-"""Which path decided: in-process (integer, choice letter, identical text) or math-verify."""
+GradeMethod = Literal["integer", "choice", "exact", "units", "prose", "math_verify"]
+"""Which path decided: in-process (integer, choice letter, identical text, different units, a
+box holding prose; see ``rstar2_eval.notation``) or math-verify."""
 
 ProgressCallback = Callable[[list[int]], None]
 """Called with the positions of the items that just got their grade."""
@@ -40,7 +47,7 @@ class Grade(BaseModel):
         default=None, description="Extraction rule that found the answer (None: given directly)."
     )
     answer_blocks: int | None = Field(
-        default=None, description="<answer> blocks in the response (None: answer given directly)."
+        default=None, description="Answer blocks in the response (None: answer given directly)."
     )
     method: GradeMethod | None = Field(default=None, description="None when nothing was compared.")
     detail: str | None = Field(default=None, description="Why a grade is timeout or ungradable.")
@@ -57,7 +64,7 @@ class GraderConfig(BaseModel):
 
     boxed_fallback: bool = Field(
         default=False,
-        description="Fall back to the last \\boxed{} anywhere when the <answer> block has none.",
+        description="Fall back to the last \\boxed{} anywhere when the answer block has none.",
     )
     timeout_s: float = Field(
         default=5.0, gt=0, description="Wall-clock limit per math-verify item."
@@ -74,6 +81,40 @@ class GraderConfig(BaseModel):
         ge=64,
         description="Address space a worker may add after start (None: no cap).",
     )
+
+
+@runtime_checkable
+class AsyncGrader(Protocol):
+    """What ``evaluate`` needs of a grader: its settings (recorded in the report) and batches
+    graded without blocking the event loop, as ``Grader.agrade_many`` does."""
+
+    config: GraderConfig
+
+    async def agrade_many(
+        self,
+        responses: Sequence[str],
+        golds: Sequence[str],
+        *,
+        answer_format: AnswerFormat | Sequence[AnswerFormat] = "math",
+    ) -> list[Grade]:
+        """One grade per response, in order."""
+        ...
+
+
+@dataclass
+class _Request:
+    responses: list[str]
+    golds: list[str]
+    formats: list[AnswerFormat]
+    future: asyncio.Future[list[Grade]]
+
+
+@dataclass
+class _Batcher:
+    """The calls of one event loop waiting for the next batch."""
+
+    pending: list[_Request] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
 
 
 def _formats(
@@ -102,6 +143,9 @@ class Grader:
             memory_limit_mb=self.config.memory_limit_mb,
         )
         self._lock = threading.Lock()
+        self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Batcher] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def warm_up(self, *, wait: bool = True) -> None:
         """Start the workers now instead of on the first answer that needs math-verify.
@@ -156,13 +200,12 @@ class Grader:
         groups: dict[tuple[str, str], list[int]] = {}
         decided: list[int] = []
         for index, (answer, gold, fmt) in enumerate(zip(answers, golds, formats, strict=True)):
-            grade = self._decide_in_process(answer, gold, fmt)
-            if grade is None:
-                assert answer is not None
-                groups.setdefault((answer, gold), []).append(index)
-            else:
-                grades[index] = grade
+            outcome = self._decide_in_process(answer, gold, fmt)
+            if isinstance(outcome, Grade):
+                grades[index] = outcome
                 decided.append(index)
+            else:
+                groups.setdefault(outcome, []).append(index)
         if on_graded is not None and decided:
             on_graded(decided)
         if groups:
@@ -170,15 +213,14 @@ class Grader:
 
             def land(key: int, result: VerifyResult) -> None:
                 indices = groups[items[key]]
-                grade = Grade(
-                    correct=result.status == "correct",
-                    status=result.status,
-                    answer=items[key][0],
-                    method="math_verify",
-                    detail=result.detail,
-                )
                 for index in indices:
-                    grades[index] = grade
+                    grades[index] = Grade(
+                        correct=result.status == "correct",
+                        status=result.status,
+                        answer=answers[index],
+                        method="math_verify",
+                        detail=result.detail,
+                    )
                 if on_graded is not None:
                     on_graded(indices)
 
@@ -186,7 +228,10 @@ class Grader:
                 self._pool.verify(items, land)
         return [grade for grade in grades if grade is not None]
 
-    def _decide_in_process(self, answer: str | None, gold: str, fmt: AnswerFormat) -> Grade | None:
+    def _decide_in_process(
+        self, answer: str | None, gold: str, fmt: AnswerFormat
+    ) -> Grade | tuple[str, str]:
+        """The grade, when it needs no math-verify; else the ``(answer, gold)`` pair it gets."""
         if answer is None:
             return Grade(correct=False, status="no_answer", answer=None)
         if len(answer) > self.config.max_answer_chars:
@@ -196,9 +241,31 @@ class Grader:
                 answer=answer,
                 detail=f"answer has {len(answer)} characters, over {self.config.max_answer_chars}",
             )
+        compared, target = answer, gold
         verdict = fast_verdict(answer, gold, fmt)
+        if verdict is None and fmt == "math":
+            # Neither an integer pair nor the gold's text: read the notation (units, prose).
+            if is_prose(answer):
+                return Grade(
+                    correct=False,
+                    status="no_answer",
+                    answer=answer,
+                    method="prose",
+                    detail="the box holds a sentence, not an answer",
+                )
+            compared, answer_unit = split_unit(answer)
+            target, gold_unit = split_unit(gold)
+            if answer_unit is not None and gold_unit is not None and answer_unit != gold_unit:
+                return Grade(
+                    correct=False,
+                    status="incorrect",
+                    answer=answer,
+                    method="units",
+                    detail=f"unit {answer_unit!r}, expected {gold_unit!r}",
+                )
+            verdict = fast_verdict(compared, target, fmt)
         if verdict is None:
-            return None
+            return compared, target
         return Grade(
             correct=verdict.correct,
             status="correct" if verdict.correct else "incorrect",
@@ -213,10 +280,56 @@ class Grader:
         *,
         answer_format: AnswerFormat | Sequence[AnswerFormat] = "math",
     ) -> list[Grade]:
-        """``grade_many`` without blocking the event loop."""
-        return await asyncio.to_thread(
-            self.grade_many, responses, golds, answer_format=answer_format
+        """``grade_many`` without blocking the event loop.
+
+        Calls that overlap are graded together: while one batch is with the workers, later
+        calls queue, and everything queued goes as the next batch. A caller that grades each
+        response as it arrives (a rollout the moment it ends) so keeps every worker busy,
+        where one batch at a time would use one worker.
+        """
+        if len(responses) != len(golds):
+            raise ValueError(f"got {len(responses)} responses but {len(golds)} golds")
+        if not responses:
+            return []
+        loop = asyncio.get_running_loop()
+        batcher = self._batchers.setdefault(loop, _Batcher())
+        request = _Request(
+            list(responses),
+            list(golds),
+            _formats(answer_format, len(responses)),
+            loop.create_future(),
         )
+        batcher.pending.append(request)
+        if batcher.task is None or batcher.task.done():
+            batcher.task = loop.create_task(self._drain(batcher), name="rstar2-eval-grader-batches")
+        return await request.future
+
+    async def _drain(self, batcher: _Batcher) -> None:
+        """Grade everything queued, batch after batch, until nothing is left."""
+        while batcher.pending:
+            batch, batcher.pending = batcher.pending, []
+            try:
+                grades = await asyncio.to_thread(
+                    self.grade_many,
+                    [response for request in batch for response in request.responses],
+                    [gold for request in batch for gold in request.golds],
+                    answer_format=[fmt for request in batch for fmt in request.formats],
+                )
+            except asyncio.CancelledError:
+                for request in [*batch, *batcher.pending]:
+                    request.future.cancel()
+                raise
+            except Exception as error:
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(error)
+                continue
+            start = 0
+            for request in batch:
+                end = start + len(request.responses)
+                if not request.future.done():  # its caller may have been cancelled
+                    request.future.set_result(grades[start:end])
+                start = end
 
     @property
     def pool_started(self) -> bool:

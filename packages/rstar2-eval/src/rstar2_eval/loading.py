@@ -11,20 +11,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rstar2_data.answers import normalize_integer
+from rstar2_data.answers import canonical_integer
 from rstar2_data.jsonl import DataFileError, iter_jsonl_lines
 from rstar2_data.schemas import AnswerKind, MathProblem
 from rstar2_eval.errors import InputError
 from rstar2_eval.registry import BenchmarkSpec, get_benchmark
 
 logger = logging.getLogger(__name__)
-
-
-def _first_present(row: Mapping[str, Any], names: tuple[str, ...]) -> tuple[str, Any] | None:
-    for name in names:
-        if name in row and row[name] is not None:
-            return name, row[name]
-    return None
 
 
 def normalize_answer(value: object) -> tuple[str, AnswerKind]:
@@ -34,9 +27,9 @@ def normalize_answer(value: object) -> tuple[str, AnswerKind]:
     """
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"expected a string or number, got {type(value).__name__}")
-    integer = normalize_integer(value)
+    integer = canonical_integer(value)
     if integer is not None:
-        return str(integer), "integer"
+        return integer, "integer"
     text = str(value).strip()
     if not text:
         raise ValueError("expected a non-empty answer")
@@ -59,9 +52,9 @@ def problem_from_row(
     spec: BenchmarkSpec, row: Mapping[str, Any], position: int, origin: str, line: int | None
 ) -> MathProblem:
     """Map one raw row to a ``MathProblem``; InputError names the line and field on failure."""
-    found_id = _first_present(row, spec.fields.id)
+    found_id = spec.fields.find(row, "id")
     problem_id = str(found_id[1]) if found_id is not None else str(position)
-    found_problem = _first_present(row, spec.fields.problem)
+    found_problem = spec.fields.find(row, "problem")
     if found_problem is None or not str(found_problem[1]).strip():
         raise InputError(
             origin,
@@ -80,7 +73,7 @@ def problem_from_row(
         kind: AnswerKind = "expression"
         used |= {spec.choices.correct, *spec.choices.incorrect}
     else:
-        found_answer = _first_present(row, spec.fields.answer)
+        found_answer = spec.fields.find(row, "answer")
         if found_answer is None:
             raise InputError(origin, "expected an answer", line=line, field=spec.fields.answer[0])
         try:
@@ -137,8 +130,10 @@ def read_jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def load_local(spec: BenchmarkSpec, data_dir: Path) -> list[MathProblem]:
-    """Read ``data_dir / spec.local_file``."""
-    path = data_dir / spec.local_file
+    """Read ``data_dir / spec.path`` (an absolute ``path`` as it is)."""
+    if spec.path is None:
+        raise InputError(str(data_dir), f"benchmark {spec.name} names no local file")
+    path = data_dir / spec.path
     if not path.is_file():
         raise InputError(
             str(path), f"no local copy of {spec.name}; expected a JSON Lines file at this path"
@@ -150,19 +145,24 @@ def load_hub(spec: BenchmarkSpec) -> list[MathProblem]:
     """Download from the Hugging Face hub with ``datasets`` (needs network access)."""
     from datasets import load_dataset
 
+    hub = spec.hub
+    if hub is None:
+        raise InputError(spec.name, "the benchmark names no hub dataset; give its local copy")
+
     def rows() -> Iterable[tuple[int | None, Mapping[str, Any]]]:
-        for config in spec.hub.configs:
-            for row in load_dataset(spec.hub.path, config, split=spec.hub.split):
+        for config in hub.configs:
+            for row in load_dataset(hub.path, config, split=hub.split):
                 yield None, row
 
-    return _collect(spec, rows(), spec.hub.path)
+    return _collect(spec, rows(), hub.path)
 
 
 def load_benchmark(
     benchmark: str | BenchmarkSpec, data_dir: Path | None = None
 ) -> list[MathProblem]:
-    """A benchmark's problems: from ``data_dir`` when given, else from the hub."""
+    """A benchmark's problems: from ``data_dir`` when given, else from the hub (a spec without a
+    hub dataset: from its ``path`` as given)."""
     spec = get_benchmark(benchmark) if isinstance(benchmark, str) else benchmark
-    if data_dir is not None:
-        return load_local(spec, data_dir)
+    if data_dir is not None or spec.hub is None:
+        return load_local(spec, data_dir if data_dir is not None else Path())
     return load_hub(spec)

@@ -1,64 +1,16 @@
-"""The benchmark registry: where each benchmark lives and how its rows map to ``MathProblem``."""
+"""The benchmark registry: where each benchmark lives and how its rows map to ``MathProblem``.
+
+Entries are rstar2-data's ``BenchmarkSpec`` (the one definition a recipe's decontamination uses
+too); ``path`` is the local copy's file name under ``--data-dir``.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pathlib import Path
 
-from rstar2_eval.verification import AnswerFormat
+from rstar2_data.benchmarks import BenchmarkSpec, ChoiceFields, FieldMap, HubSource
 
-
-class HubSource(BaseModel):
-    """A dataset on the Hugging Face hub; several configs are concatenated in order."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    path: str = Field(min_length=1, description="Hub dataset id.")
-    configs: tuple[str | None, ...] = Field(default=(None,), min_length=1)
-    split: str = Field(min_length=1)
-
-
-class FieldMap(BaseModel):
-    """Which row fields hold the id, the problem and the answer; the first present name wins.
-
-    With no id field present, the row's position (0-based, across configs) is its id.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: tuple[str, ...] = ("id",)
-    problem: tuple[str, ...] = ("problem",)
-    answer: tuple[str, ...] = ("answer",)
-
-
-class ChoiceFields(BaseModel):
-    """A multiple-choice benchmark stored as one correct and several incorrect option texts.
-
-    The options are shuffled per problem with a fixed seed, lettered A, B, ..., and appended to
-    the problem text; the gold answer is the correct option's letter. Rows that lack these
-    fields are taken as already lettered (the answer field holds the letter).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    correct: str = Field(min_length=1)
-    incorrect: tuple[str, ...] = Field(min_length=1)
-    seed: int = 0
-
-
-class BenchmarkSpec(BaseModel):
-    """One benchmark: its sources, field mapping and grading format."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
-    title: str
-    hub: HubSource
-    local_file: str = Field(description="File name under --data-dir (JSON Lines).")
-    fields: FieldMap = FieldMap()
-    answer_format: AnswerFormat = "math"
-    choices: ChoiceFields | None = None
-    expected_rows: int | None = Field(default=None, ge=1, description="Size of the full set.")
-
+__all__ = ["BENCHMARKS", "BenchmarkSpec", "ChoiceFields", "FieldMap", "HubSource", "get_benchmark"]
 
 BENCHMARKS: dict[str, BenchmarkSpec] = {
     spec.name: spec
@@ -67,7 +19,8 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             name="aime24",
             title="AIME 2024",
             hub=HubSource(path="HuggingFaceH4/aime_2024", split="train"),
-            local_file="aime24.jsonl",
+            path=Path("aime24.jsonl"),
+            fields=FieldMap(id="id"),
             expected_rows=30,
         ),
         BenchmarkSpec(
@@ -76,15 +29,15 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             hub=HubSource(
                 path="opencompass/AIME2025", configs=("AIME2025-I", "AIME2025-II"), split="test"
             ),
-            local_file="aime25.jsonl",
-            fields=FieldMap(problem=("problem", "question")),
+            path=Path("aime25.jsonl"),
+            fields=FieldMap(id="id", problem=("problem", "question")),
             expected_rows=30,
         ),
         BenchmarkSpec(
             name="hmmt25",
             title="HMMT February 2025",
             hub=HubSource(path="MathArena/hmmt_feb_2025", split="train"),
-            local_file="hmmt25.jsonl",
+            path=Path("hmmt25.jsonl"),
             fields=FieldMap(id=("id", "problem_idx")),
             expected_rows=30,
         ),
@@ -92,7 +45,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             name="math500",
             title="MATH-500",
             hub=HubSource(path="HuggingFaceH4/MATH-500", split="test"),
-            local_file="math500.jsonl",
+            path=Path("math500.jsonl"),
             fields=FieldMap(id=("unique_id", "id")),
             expected_rows=500,
         ),
@@ -100,15 +53,15 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             name="amc23",
             title="AMC 2023",
             hub=HubSource(path="math-ai/amc23", split="test"),
-            local_file="amc23.jsonl",
-            fields=FieldMap(problem=("problem", "question")),
+            path=Path("amc23.jsonl"),
+            fields=FieldMap(id="id", problem=("problem", "question")),
             expected_rows=40,
         ),
         BenchmarkSpec(
             name="gpqa-diamond",
             title="GPQA-Diamond",
             hub=HubSource(path="Idavidrein/gpqa", configs=("gpqa_diamond",), split="train"),
-            local_file="gpqa-diamond.jsonl",
+            path=Path("gpqa-diamond.jsonl"),
             fields=FieldMap(id=("Record ID", "id"), problem=("Question", "problem")),
             answer_format="choice",
             choices=ChoiceFields(

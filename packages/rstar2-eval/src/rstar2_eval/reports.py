@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.table import Table
 
 from rstar2_data.jsonl import atomic_write_text
+from rstar2_data.terminal import FittedTable
 from rstar2_eval.scoring import BenchmarkScore, ProblemScore, ScoredSample, ScoreReport
 
 
@@ -80,8 +81,8 @@ def _at(metric: dict[int, float]) -> str:
     return "-" if largest is None else f"{100 * largest[1]:.1f} @{largest[0]}"
 
 
-def score_table(report: ScoreReport, title: str = "rstar2-eval score") -> Table:
-    """Per-benchmark summary for the terminal (percentages)."""
+def score_table(report: ScoreReport, title: str = "rstar2-eval score") -> FittedTable:
+    """Per-benchmark summary for the terminal (percentages), fitted to its width."""
     table = Table(title=title, title_justify="left")
     table.add_column("benchmark")
     table.add_column("problems", justify="right")
@@ -98,7 +99,7 @@ def score_table(report: ScoreReport, title: str = "rstar2-eval score") -> Table:
     table.add_column("truncated %", justify="right")
     for score in report.benchmarks:
         table.add_row(*_row(score))
-    return table
+    return FittedTable(table)
 
 
 def _row(score: BenchmarkScore) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 
+from rstar2_data.protocol import ANSWER_CLOSE, ANSWER_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from rstar2_eval.backends import (
     EngineKind,
     TemplateChoice,
@@ -45,6 +46,9 @@ from rstar2_scheduler import (
     SchedulerConfig,
 )
 
+# What the rollout parses out of completion text: a server must not drop them.
+_TEXT_MARKERS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+
 logger = logging.getLogger(__name__)
 
 
@@ -74,6 +78,10 @@ class RunOptions(BaseModel):
     grading: GraderConfig = Field(default_factory=GraderConfig)
     plot: bool = True
     progress: bool = True
+    allow_identical_samples: bool = Field(
+        default=False,
+        description="Accept k identical samples per problem at temperature > 0 (still reported).",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
@@ -157,7 +165,11 @@ async def _endpoints(
     engines: list[Engine] = []
     for index, root in enumerate(roots):
         config = OpenAIEngineConfig(
-            base_url=root, model=served, name=f"endpoint-{index}", require_logprobs=False
+            base_url=root,
+            model=served,
+            name=f"endpoint-{index}",
+            require_logprobs=False,
+            text_markers=_TEXT_MARKERS,
         )
         engine = OpenAIEngine(config, tokenizer)
         stack.push_async_callback(engine.close)
@@ -166,7 +178,16 @@ async def _endpoints(
         engines, concurrency=options.concurrency, longest_request=longest
     )
     model = ModelInfo(kind="endpoint", name=served)
-    execution = {"endpoints": roots, "reservation": scheduler.reservation}
+    execution = {
+        "endpoints": roots,
+        "reservation": scheduler.reservation,
+        # What each server was found to accept and return (prompts, counts, sampling switch).
+        "servers": [
+            engine.server_capabilities.model_dump(mode="json")
+            for engine in engines
+            if isinstance(engine, OpenAIEngine) and engine.server_capabilities is not None
+        ],
+    }
     return engines, tokenizer, chat, model, scheduler, execution
 
 
@@ -214,6 +235,7 @@ async def arun_evaluation(options: RunOptions, *, console: Console | None = None
             plot=options.plot,
             options=options.model_dump(mode="json"),
             execution={**execution, "sandbox": options.sandbox},
+            allow_identical_samples=options.allow_identical_samples,
         )
 
 

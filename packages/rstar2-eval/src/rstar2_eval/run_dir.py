@@ -18,6 +18,7 @@ from typing import Any, BinaryIO, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rstar2_data.jsonl import atomic_write_text
+from rstar2_eval.diversity import SampleDiversity
 from rstar2_eval.errors import InputError
 from rstar2_eval.generations import Generation, NumberedGeneration, read_generations
 from rstar2_eval.problem_sets import ProblemSet, ProblemSource
@@ -126,6 +127,9 @@ class RunRecord(BaseModel):
     updated_at: str
     rollouts: RolloutCounts | None = None
     elapsed_s: float | None = Field(default=None, description="Of the latest call.")
+    sample_diversity: SampleDiversity | None = Field(
+        default=None, description="Whether the samples of each problem differ (latest call)."
+    )
 
     @classmethod
     def load(cls, out_dir: Path) -> RunRecord:
@@ -286,7 +290,9 @@ class RunDirectory:
         assert self._generations is not None, "RunDirectory is closed"
         self._generations.write(generation.model_dump_json(exclude_none=True).encode() + b"\n")
 
-    def finish(self, rollouts: RolloutCounts, elapsed_s: float) -> None:
+    def finish(
+        self, rollouts: RolloutCounts, elapsed_s: float, diversity: SampleDiversity | None = None
+    ) -> None:
         """Record how the call ended in ``run.json``."""
         complete = rollouts.resumed + rollouts.generated == rollouts.planned
         self.record = self.record.model_copy(
@@ -294,6 +300,7 @@ class RunDirectory:
                 "status": "complete" if complete else "incomplete",
                 "rollouts": rollouts,
                 "elapsed_s": elapsed_s,
+                "sample_diversity": diversity,
                 "updated_at": _now(),
             }
         )

@@ -9,7 +9,7 @@ from statistics import fmean
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rstar2_data.answers import normalize_integer
+from rstar2_data.answers import canonical_integer
 from rstar2_data.schemas import GradedSample, MathProblem
 from rstar2_eval.errors import InputError
 from rstar2_eval.generations import Generation, NumberedGeneration
@@ -67,11 +67,15 @@ class BenchmarkScore(BaseModel):
     statuses: StatusCounts
     boxed_fallback_used: int = Field(description="Answers found only by the \\boxed{} fallback.")
     boxed_fallback_correct: int = Field(description="Of those, how many were correct.")
-    multiple_answer_blocks: int = Field(description="Responses with more than one <answer>.")
+    multiple_answer_blocks: int = Field(description="Responses with more than one answer block.")
     mean_response_tokens: float | None
     tool_calls_per_response: float | None
     tool_error_ratio: float | None = Field(description="Failed tool calls / tool calls.")
     truncation_rate: float | None
+    identical_samples: int = Field(
+        description="Problems with several samples whose responses are all the same text (at "
+        "temperature > 0 a sign that the engine decoded greedily)."
+    )
 
 
 class ScoreReport(BaseModel):
@@ -121,12 +125,12 @@ def default_ks(n: int) -> list[int]:
 
 
 def _vote(grade: Grade) -> str | None:
-    if grade.answer is None:
+    if grade.answer is None or grade.status == "no_answer":
         return None
     if grade.correct:
         return _CORRECT_VOTE
-    integer = normalize_integer(grade.answer)
-    return str(integer) if integer is not None else "".join(grade.answer.split())
+    integer = canonical_integer(grade.answer)
+    return integer if integer is not None else "".join(grade.answer.split())
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -217,6 +221,9 @@ def _score_benchmark(
             sum(g.tool_errors or 0 for g in calls) / total_calls if total_calls else None
         ),
         truncation_rate=_mean([float(g.truncated) for g in gens if g.truncated is not None]),
+        identical_samples=sum(
+            len(group) > 1 and len({s.generation.response for s in group}) == 1 for group in groups
+        ),
     )
 
 

@@ -2,7 +2,8 @@
 
 Three paths, cheapest first: integer golds compare as integers in-process; multiple-choice golds
 compare as letters in-process; everything else goes to math-verify, which only runs inside the
-grading worker processes (see ``pool``) because it can hang and its import is slow.
+grading worker processes (see ``pool``) because it can hang and its import is slow. Units and
+prose are read before math-verify (``notation``; the grader applies those rules).
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ import re
 from functools import lru_cache
 from typing import Any, Literal, NamedTuple
 
-from rstar2_data.answers import normalize_integer
-
-AnswerFormat = Literal["math", "choice"]
-"""How a benchmark's answers are graded: mathematical equivalence, or a choice letter."""
+from rstar2_data.answers import canonical_integer
+from rstar2_data.benchmarks import AnswerFormat as AnswerFormat  # re-exported: graders take it
+from rstar2_eval.notation import expand_scientific
 
 
 class FastVerdict(NamedTuple):
@@ -55,10 +55,11 @@ def fast_verdict(answer: str, gold: str, answer_format: AnswerFormat) -> FastVer
     if answer_format == "choice":
         expected = normalize_choice(gold)
         return FastVerdict(expected is not None and normalize_choice(answer) == expected, "choice")
-    gold_int = normalize_integer(gold)
+    gold_int = canonical_integer(gold)
     if gold_int is not None:
-        answer_int = normalize_integer(answer)
+        answer_int = canonical_integer(answer)
         if answer_int is not None:
+            # Canonical digit strings: equal exactly when the integers are, at any length.
             return FastVerdict(answer_int == gold_int, "integer")
     if same_text(answer, gold):
         return FastVerdict(True, "exact")
@@ -66,8 +67,9 @@ def fast_verdict(answer: str, gold: str, answer_format: AnswerFormat) -> FastVer
 
 
 def _as_latex(answer: str) -> str:
-    """Wrap a bare answer so math-verify's LaTeX extraction reads all of it."""
-    return "\\boxed{" + answer + "}"
+    """Wrap a bare answer so math-verify's LaTeX extraction reads all of it (E notation as
+    ``\\times 10^{}``: math-verify would read the ``e`` of ``1e3`` as Euler's number)."""
+    return "\\boxed{" + expand_scientific(answer) + "}"
 
 
 def _parse(answer: str) -> list[Any]:

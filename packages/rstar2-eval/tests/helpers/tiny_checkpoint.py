@@ -14,14 +14,17 @@ uses at evaluation (it is not the class that was saved: see ``make_checkpoint``)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from tokenizers import AddedToken
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from rstar2_data import build_tokenizer, parse_recipe
 from rstar2_data.build import build
 from rstar2_data.demo import demo_transcripts
+from rstar2_data.schemas import ChatExample
 from rstar2_scheduler.protocol import (
     SPECIAL_TOKENS,
     ChatProtocol,
@@ -62,18 +65,25 @@ def build_demo_set(out_dir: Path) -> Path:
     return out_dir
 
 
-def make_checkpoint(out_dir: Path, *, max_steps: int = 400) -> Path:
-    """Train and save the checkpoint; raises if greedy decoding does not reproduce the data."""
-    formatter = ToolOutputFormatter()
-    examples = demo_transcripts(
-        DEMO_PROBLEMS, seed=DEMO_SEED, failure_share=0.0, tool_response=formatter.format_execution
+def _examples() -> list[ChatExample]:
+    return demo_transcripts(
+        DEMO_PROBLEMS,
+        seed=DEMO_SEED,
+        failure_share=0.0,
+        tool_response=ToolOutputFormatter().format_execution,
     )
+
+
+def _tokenizer(special_markers: Sequence[str] = ()) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on rendered demo transcripts, with rstar2's template;
+    ``special_markers`` are added as special tokens (as some checkpoints hold their tags)."""
+    formatter = ToolOutputFormatter()
     specials = [EOS, *SPECIAL_TOKENS]
     bootstrap = PreTrainedTokenizerFast(
         tokenizer_object=build_tokenizer(["bootstrap"], special_tokens=specials, vocab_size=300)
     )
     render = ChatProtocol(bootstrap)
-    corpus = demo_transcripts(24, seed=7, tool_response=formatter.format_execution) + examples
+    corpus = demo_transcripts(24, seed=7, tool_response=formatter.format_execution) + _examples()
     texts = [
         render.render(_messages(render.to_messages(e.messages)), add_generation_prompt=False)
         for e in corpus
@@ -83,17 +93,44 @@ def make_checkpoint(out_dir: Path, *, max_steps: int = 400) -> Path:
         eos_token=EOS,
         pad_token=EOS,
     )
+    tokenizer.add_tokens(
+        [AddedToken(marker, special=True, normalized=False) for marker in special_markers],
+        special_tokens=True,
+    )
     install_chat_template(tokenizer)
-    config = Qwen2Config(
+    return tokenizer
+
+
+def _config(tokenizer: PreTrainedTokenizerFast, hidden_size: int = 128) -> Qwen2Config:
+    return Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
     )
+
+
+def random_checkpoint(out_dir: Path, *, special_markers: Sequence[str] = ()) -> Path:
+    """A checkpoint with random weights (seeded) and the same kind of tokenizer, saved as
+    ``make_checkpoint`` saves: for testing servers, whose answers need not make sense."""
+    tokenizer = _tokenizer(special_markers)
+    config = _config(tokenizer, hidden_size=32)
+    config.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(out_dir)
+    return out_dir
+
+
+def make_checkpoint(out_dir: Path, *, max_steps: int = 400) -> Path:
+    """Train and save the checkpoint; raises if greedy decoding does not reproduce the data."""
+    examples = _examples()
+    tokenizer = _tokenizer()
+    config = _config(tokenizer)
     # AutoTokenizer picks the tokenizer class from config.json's model type (Qwen2's splits
     # digits one by one): save both first, then encode the data with what loads back.
     config.save_pretrained(out_dir)

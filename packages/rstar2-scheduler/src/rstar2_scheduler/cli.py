@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from enum import StrEnum
 from pathlib import Path
@@ -13,12 +14,23 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rstar2_data.jsonl import atomic_write_text
+from rstar2_data.terminal import FittedTable
 from rstar2_scheduler.policies import POLICY_NAMES, RESERVATIONS
-from rstar2_scheduler.sim.bench import BenchConfig, BenchReport, run_benchmark
+from rstar2_scheduler.sim.bench import (
+    BenchConfig,
+    BenchReport,
+    SweepPoint,
+    run_benchmark,
+    run_sweep,
+)
 from rstar2_scheduler.sim.engine import SimEngineConfig
 from rstar2_scheduler.sim.workload import WorkloadConfig
 
-app = typer.Typer(help="rstar2 rollout scheduling: load balancing over inference engines.")
+app = typer.Typer(
+    help="rstar2 rollout scheduling: load balancing over inference engines.",
+    # Plain help: it wraps between words at any width, where rich's option panels cut words.
+    rich_markup_mode=None,
+)
 
 _DEFAULT_ENGINE = SimEngineConfig()
 
@@ -80,7 +92,7 @@ def _print_report(report: BenchReport, console: Console) -> None:
             f"{m.tool_latency.mean_s:.3f}",
             f"{run.wall_s:.1f}",
         )
-    console.print(table)
+    console.print(FittedTable(table))
     console.print(
         f"lower bound {bound.bound_s:,.1f} s = max(work / engines {bound.balanced_s:,.1f} s, "
         f"longest rollout alone {bound.critical_path_s:,.1f} s); workload: "
@@ -96,7 +108,7 @@ def _print_report(report: BenchReport, console: Console) -> None:
         for check in checks:
             value = f"{check.value:.2f}x" if "speed-up" in check.name else f"{check.value:.1%}"
             targets.add_row(check.name, value, check.target, "yes" if check.met else "NO")
-        console.print(targets)
+        console.print(FittedTable(targets))
 
 
 @app.command()
@@ -199,8 +211,6 @@ def bench(
         lockstep_baseline=lockstep_baseline,
     )
     console = Console()
-    if not console.is_terminal:
-        console = Console(width=132)  # logs and pipes: keep the tables whole
     with Progress(
         TextColumn("{task.description:>13}"),
         BarColumn(),
@@ -247,3 +257,71 @@ def plot(
     """Draw the engine-utilization timeline of a saved benchmark report."""
     loaded = BenchReport.model_validate_json(report.read_text())
     Console().print(f"timeline: {_plot_report(loaded, out)}")
+
+
+@app.command()
+def sweep(
+    engines: Annotated[
+        list[int] | None,
+        typer.Option(min=1, help="Simulated engines; repeat for several. Default: 2."),
+    ] = None,
+    prompts: Annotated[
+        list[int] | None,
+        typer.Option(
+            min=1,
+            help="Problems in the phase (32 rollouts each); repeat for several. "
+            "Default: 1 2 4 8 16 24 32 48 64 128.",
+        ),
+    ] = None,
+    seed: Annotated[
+        list[int] | None,
+        typer.Option(help="Workload seed; repeat for several. Default: 0 1 2."),
+    ] = None,
+    kv_headroom: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=0.99, help="kv-aware 'live': fraction of each KV cache kept free."
+        ),
+    ] = 0.1,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write every point as JSON here.")
+    ] = None,
+) -> None:
+    """static against kv-aware across workload sizes: the makespan of each, per size and seed.
+
+    Every point is a 'bench' run of the two policies on the default workload and engines with
+    the given number of prompts and seed; the speed-up is static's makespan over kv-aware's.
+    """
+    counts = prompts or [1, 2, 4, 8, 16, 24, 32, 48, 64, 128]
+    seeds = seed or [0, 1, 2]
+    console = Console()
+    table = Table(title="static against kv-aware across workload sizes (simulated time)")
+    for column in ("engines", "prompts", "rollouts", "seed", "static s", "kv-aware s", "speed-up"):
+        table.add_column(column, justify="right")
+    points: list[SweepPoint] = []
+    with Progress(
+        TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as progress:
+        task = progress.add_task("sweep", total=len(counts) * len(seeds) * len(engines or [2]))
+        for engine_count in engines or [2]:
+            config = BenchConfig(engines=engine_count, kv_headroom=kv_headroom)
+            points += run_sweep(config, counts, seeds, on_point=lambda _: progress.advance(task))
+    for point in points:
+        table.add_row(
+            str(point.engines),
+            str(point.prompts),
+            f"{point.rollouts:,}",
+            str(point.seed),
+            f"{point.static_s:,.1f}",
+            f"{point.kv_aware_s:,.1f}",
+            f"{point.speedup:.3f}x",
+        )
+    console.print(FittedTable(table))
+    worst = min(points, key=lambda p: p.speedup)
+    console.print(
+        f"lowest speed-up {worst.speedup:.3f}x ({worst.engines} engines, {worst.prompts} prompts, "
+        f"seed {worst.seed})"
+    )
+    if json_out is not None:
+        atomic_write_text(json_out, json.dumps([p.model_dump() for p in points], indent=1))
+        console.print(f"points: {json_out}")

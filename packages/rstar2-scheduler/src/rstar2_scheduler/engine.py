@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import ClassVar, Literal, Self
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -61,6 +61,39 @@ class GenerationResult(BaseModel):
     logprobs: tuple[float, ...] = Field(description="One per generated token.")
     finish_reason: FinishReason
     error: str | None = Field(default=None, description="Set when finish_reason is 'error'.")
+    loss_mask: tuple[int, ...] | None = Field(
+        default=None,
+        description="Per token: 1 to train on it, 0 where the engine has no sampling log-prob for "
+        "it (e.g. a stop token a text server dropped and the client restored). None: all 1.",
+    )
+    counted_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="The engine's own count of the tokens it generated, when token_ids are not "
+        "the ids it sampled (a text server's usage.completion_tokens, its text re-encoded "
+        "locally). Response budgets count this. None: len(token_ids).",
+    )
+    reencoded: bool = Field(
+        default=False,
+        description="token_ids were re-encoded from the completion text, not returned as ids.",
+    )
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Self:
+        if len(self.logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"{len(self.token_ids)} tokens but {len(self.logprobs)} log-probs; one each"
+            )
+        if self.loss_mask is not None and (
+            len(self.loss_mask) != len(self.token_ids) or set(self.loss_mask) - {0, 1}
+        ):
+            raise ValueError("loss_mask needs one 0 or 1 per token")
+        return self
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens the engine generated, by its own count: what a response budget spends."""
+        return len(self.token_ids) if self.counted_tokens is None else self.counted_tokens
 
     @classmethod
     def failed(cls, request_id: str, error: str) -> Self:
@@ -80,6 +113,11 @@ class KVStats(BaseModel):
     running: int = Field(default=0, ge=0, description="Requests being decoded.")
     waiting: int = Field(default=0, ge=0, description="Requests queued, not yet scheduled.")
     preemptions: int = Field(default=0, ge=0, description="Preemptions since start (cumulative).")
+    max_running: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most requests the engine decodes at once (its batch limit); None: unknown.",
+    )
 
     @property
     def usage(self) -> float:

@@ -87,6 +87,12 @@ class Policy(ABC):
         return slots
 
 
+def static_split(count: int, engines: int) -> list[int]:
+    """The engine of each of ``count`` rollouts under an even split into contiguous blocks
+    (a prompt's rollouts, submitted together, stay together)."""
+    return [i * engines // count for i in range(count)]
+
+
 class StaticPolicy(Policy):
     """The baseline: a fixed, even split of the phase's rollouts into contiguous blocks.
 
@@ -97,8 +103,7 @@ class StaticPolicy(Policy):
     name = "static"
 
     def prepare(self, reservations: Sequence[int]) -> None:
-        count = len(reservations)
-        self._assignment = [i * len(self.slots) // count for i in range(count)]
+        self._assignment = static_split(len(reservations), len(self.slots))
 
     def choose(self, index: int, kv_tokens: int) -> EngineSlot | None:
         return self.slots[self._assignment[index]]
@@ -175,6 +180,7 @@ class _EngineLoad:
         self.counts = [0] * bins  # running rollouts per footprint bin
         self.projection = [0.0] * bins  # their expected KV usage after k bins of progress
         self.idle_tokens = 0  # context of rollouts between calls: absent from live KV usage
+        self.in_engine = 0  # rollouts with a call in flight or admitted and not yet called
 
 
 @dataclass
@@ -204,6 +210,16 @@ class LiveKVPolicy(Policy):
     with none of this phase's rollouts takes one whatever it reports, so a rollout that needs
     most of the cache still runs; one whose ``kv_tokens`` exceed every engine's capacity fails.
     Among engines with room, the one with the lowest forecast peak wins.
+
+    Whatever the forecast says, an engine also takes a rollout while fewer of its rollouts are
+    at the engine (a call in flight, or admitted and not yet called) than it decodes at once
+    (``KVStats.max_running``) and the "now" condition holds: the batch floor. A static split
+    keeps every batch full from its queue; the forecast alone, cautious while few rollouts have
+    finished (it assumes unsupported ones reach the largest footprint), kept batches smaller,
+    and phases of one or two batches per engine ran up to 10% slower than under the static
+    split. The floor sends rollout ``i`` to its static engine when that one has room (a
+    prompt's rollouts stay together, sharing its cached prefix), else to the engine with the
+    fewest rollouts. Engines that report no ``max_running`` have no floor.
     """
 
     name = "kv-aware"
@@ -223,6 +239,7 @@ class LiveKVPolicy(Policy):
         self.prepare([1])  # sized for the phase when the scheduler calls prepare
 
     def prepare(self, reservations: Sequence[int]) -> None:
+        self._static = static_split(len(reservations), len(self.slots))
         self.forecast = FootprintForecast(max(reservations), min_at_risk=self.min_at_risk)
         bins = self.forecast.bins
         self.loads = {slot.index: _EngineLoad(bins) for slot in self.slots}
@@ -238,6 +255,7 @@ class LiveKVPolicy(Policy):
     # -- bookkeeping -------------------------------------------------------------------------
 
     def admitted(self, rollout: RolloutState) -> None:
+        self.loads[rollout.slot.index].in_engine += 1
         self._enter(rollout, self.forecast.bin_of(self._typical_prompt(rollout.kv_tokens)))
 
     def track(self, rollout: RolloutState, *, context_tokens: int, generating: bool) -> None:
@@ -247,6 +265,8 @@ class LiveKVPolicy(Policy):
             self._prompt_total += context_tokens
         elif not rollout.generating:
             load.idle_tokens -= rollout.context_tokens
+        was_in_engine = rollout.context_tokens is None or rollout.generating
+        load.in_engine += int(generating) - int(was_in_engine)
         super().track(rollout, context_tokens=context_tokens, generating=generating)
         if not generating:
             load.idle_tokens += context_tokens
@@ -256,6 +276,8 @@ class LiveKVPolicy(Policy):
         load = self.loads[rollout.slot.index]
         if rollout.context_tokens is not None and not rollout.generating:
             load.idle_tokens -= rollout.context_tokens
+        if rollout.context_tokens is None or rollout.generating:
+            load.in_engine -= 1
         self._move(rollout, None)
         if ok and rollout.context_tokens is not None:
             self.forecast.observe(rollout.context_tokens)
@@ -337,11 +359,14 @@ class LiveKVPolicy(Policy):
                 f"kv_tokens ({kv_tokens}) exceeds every engine's KV capacity "
                 f"({max(capacities.values())} tokens at most)"
             )
+        prompt = self._typical_prompt(kv_tokens)
+        floor = self._batch_floor(index, slots, capacities, prompt)
+        if floor is not None:
+            return floor
         empty = [s for s in slots if s.active == 0 and kv_tokens <= capacities[s.index]]
         if empty:
             return empty[0]
         self.refresh_forecast()
-        prompt = self._typical_prompt(kv_tokens)
         row = self.forecast.rows[self.forecast.bin_of(prompt)]
         best: tuple[float, EngineSlot] | None = None
         for slot in slots:
@@ -355,6 +380,27 @@ class LiveKVPolicy(Policy):
             ):
                 best = (peak, slot)
         return None if best is None else best[1]
+
+    def _batch_floor(
+        self, index: int, slots: Sequence[EngineSlot], capacities: dict[int, int], prompt: int
+    ) -> EngineSlot | None:
+        """The static split's engine for rollout ``index`` (else the one with the fewest
+        rollouts) while it has a free place in its batch and its cache holds the prompt now."""
+
+        def room(slot: EngineSlot) -> bool:
+            stats = slot.engine.kv_stats()
+            now = stats.used_tokens + self.loads[slot.index].idle_tokens + prompt
+            return (
+                stats.max_running is not None
+                and self.loads[slot.index].in_engine < stats.max_running
+                and now <= (1 - self.headroom) * capacities[slot.index]
+            )
+
+        preferred = self.slots[self._static[index]] if index < len(self._static) else None
+        if preferred is not None and preferred.healthy and room(preferred):
+            return preferred
+        open_slots = [slot for slot in slots if room(slot)]
+        return min(open_slots, key=lambda s: (s.active, s.index)) if open_slots else None
 
 
 def make_policy(

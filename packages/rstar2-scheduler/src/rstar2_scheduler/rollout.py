@@ -18,14 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import PreTrainedTokenizerBase
 
 from rstar2_data import MathProblem
+from rstar2_data.protocol import ToolCall, count_answer_tags
 from rstar2_sandbox.models import RunRequest, RunResult, RunStatus
 from rstar2_sandbox.protocol import Sandbox
 from rstar2_scheduler.engine import Engine, GenerationRequest, GenerationResult, SamplingParams
-from rstar2_scheduler.protocol.answers import count_answer_tags
 from rstar2_scheduler.protocol.chat import ChatConfig, ChatProtocol
 from rstar2_scheduler.protocol.conversation import Conversation
 from rstar2_scheduler.protocol.prefix import check_prefix_preserving
-from rstar2_scheduler.protocol.tool_calls import ParsedTurn, ToolCall, ToolCallParser
+from rstar2_scheduler.protocol.tool_calls import ParsedTurn, ToolCallParser
 from rstar2_scheduler.protocol.tool_response import DEFAULT_TOOL_OUTPUT_CHARS, ToolOutputFormatter
 from rstar2_scheduler.trajectory import StopReason, Trajectory, TurnRecord, count_quality
 
@@ -100,8 +100,11 @@ class RolloutRunner:
         texts: list[str] = []
         stop: StopReason = "max_turns"
         error: str | None = None
+        # Budget spent: the engine's count of its tokens plus the glue. It differs from the ids
+        # held when a text server's completions are re-encoded (the server's count is the truth).
+        spent = 0
         for index in range(config.max_turns):
-            budget_left = config.max_response_tokens - len(conversation.response_ids)
+            budget_left = config.max_response_tokens - spent
             request = GenerationRequest(
                 request_id=f"{rollout_id}-{index}",
                 prompt_ids=tuple(conversation.ids),
@@ -122,12 +125,14 @@ class RolloutRunner:
                     "rollout %s turn %d: engine %s: %s", rollout_id, index, engine.name, error
                 )
                 break
-            text = conversation.add_model_turn(result.token_ids, result.logprobs)
+            text = conversation.add_model_turn(result.token_ids, result.logprobs, result.loss_mask)
             texts.append(text)
+            spent += result.generated_tokens
             record: dict[str, Any] = {
                 "index": index,
                 "text": text,
-                "model_tokens": len(result.token_ids),
+                "model_tokens": result.generated_tokens,
+                "reencoded_tokens": len(result.token_ids) if result.reencoded else None,
                 "finish_reason": result.finish_reason,
                 "generation_s": generation_s,
             }
@@ -152,11 +157,12 @@ class RolloutRunner:
                 break
             tool_text = await self._answer(parsed, record)
             glue = conversation.tool_response_glue(tool_text)
-            if len(conversation.response_ids) + len(glue.ids) >= config.max_response_tokens:
+            if spent + len(glue.ids) >= config.max_response_tokens:
                 stop = "budget"
                 turns.append(TurnRecord(**record))
                 break
             conversation.append_glue(glue)
+            spent += len(glue.ids)
             turns.append(TurnRecord(**record, tool_response=tool_text, glue_tokens=len(glue.ids)))
 
         quality = count_quality(

@@ -7,9 +7,9 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rstar2_algo import TrajectoryQuality
+from rstar2_data.protocol import ToolCall
 from rstar2_sandbox.models import RunStatus
 from rstar2_scheduler.engine import FinishReason
-from rstar2_scheduler.protocol.tool_calls import ToolCall
 
 StopReason = Literal["no_tool_call", "end_of_sequence", "max_turns", "budget", "engine_error"]
 """Why a rollout ended: a turn without a tool call; the model emitted end-of-sequence instead of
@@ -29,7 +29,15 @@ class TurnRecord(BaseModel):
 
     index: int = Field(ge=0)
     text: str = Field(description="The model's text of this turn (end-of-turn token excluded).")
-    model_tokens: int = Field(ge=0, description="Tokens the model generated (loss mask 1).")
+    model_tokens: int = Field(
+        ge=0, description="Tokens the model generated, by the engine's count (the budget's)."
+    )
+    reencoded_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="Ids this turn holds in the trajectory when they were re-encoded from a text "
+        "server's completion (None: the engine's own ids, model_tokens of them).",
+    )
     glue_tokens: int = Field(
         default=0, ge=0, description="Tool-response and template tokens appended after (mask 0)."
     )
@@ -77,7 +85,8 @@ class Trajectory(BaseModel):
     """One rollout: prompt ids, append-only response ids, mask, log-probs and turn records.
 
     ``response_ids``, ``loss_mask`` and ``logprobs`` align token by token. Model tokens have mask
-    1 and the engine's sampling log-prob; tool responses and template glue have mask 0 and 0.0.
+    1 and the engine's sampling log-prob (mask 0 and 0.0 for a token the engine has no log-prob
+    for); tool responses and template glue have mask 0 and 0.0.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -111,6 +120,13 @@ class Trajectory(BaseModel):
     def input_ids(self) -> list[int]:
         """Prompt followed by response: the sequence the trainer scores."""
         return self.prompt_ids + self.response_ids
+
+    @property
+    def response_tokens(self) -> int:
+        """Response tokens as the budget counted them: the engine's count of model tokens plus
+        the glue. Equals ``len(response_ids)`` unless a text server's completions were
+        re-encoded into other token counts."""
+        return sum(turn.model_tokens + turn.glue_tokens for turn in self.turns)
 
     @property
     def truncated(self) -> bool:

@@ -70,6 +70,16 @@ async def transformers_case(res: Resources) -> AsyncIterator[EngineCase]:
 
 
 @contextlib.asynccontextmanager
+async def transformers_slots_case(res: Resources) -> AsyncIterator[EngineCase]:
+    """Slot decoding (the accelerator path), here eager on the CPU."""
+    config = TransformersEngineConfig(kv_budget_tokens=CAPACITY, max_batch_size=4, decode="slots")
+    async with TransformersEngine(copy.deepcopy(res.model), config) as engine:
+        other = make_model(len(res.tokenizer), seed=1)
+        new_weights = (list(other.state_dict().items()), make_scorer(other))
+        yield EngineCase(engine, len(res.tokenizer), CAPACITY, res.score, new_weights)
+
+
+@contextlib.asynccontextmanager
 async def openai_case(res: Resources) -> AsyncIterator[EngineCase]:
     """Through the OpenAI-compatible test server with token-id prompts.
 
@@ -100,6 +110,7 @@ async def sim_case(res: Resources) -> AsyncIterator[EngineCase]:
 
 FACTORIES: dict[str, Callable[[Resources], Any]] = {
     "transformers": transformers_case,
+    "transformers-slots": transformers_slots_case,
     "openai": openai_case,
     "sim": sim_case,
 }

@@ -1,19 +1,51 @@
-"""TransformersEngine: batching under its own KV budget, exact log-probs, cancellation, close."""
+"""TransformersEngine: batching under its own KV budget, exact log-probs, cancellation, close;
+every test runs with both KV layouts (a padded DynamicCache, and per-row slots)."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from tiny import Score
-from transformers import Qwen2ForCausalLM
+from transformers import PreTrainedModel, Qwen2ForCausalLM
 
 from rstar2_scheduler.engine import GenerationRequest, KVStats, SamplingParams
 from rstar2_scheduler.engines import TransformersEngine, TransformersEngineConfig
+from rstar2_scheduler.engines.slots import COLUMN_BLOCK, SlotBatch
 
 pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(params=["padded", "slots"])
+def decode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def make_engine(model: PreTrainedModel, decode: str, **settings: Any) -> TransformersEngine:
+    """An engine in ``decode`` mode; slot decoding switches the model's attention, so it gets
+    a copy of the session's model."""
+    own = copy.deepcopy(model) if decode == "slots" else model
+    return TransformersEngine(own, TransformersEngineConfig(decode=decode, **settings))
+
+
+def record_forwards(
+    engine: TransformersEngine, after: int = 0, then: Any = None
+) -> list[tuple[int, ...]]:
+    """The ``input_ids`` shape of every forward of the engine's model (``then()`` runs once
+    ``after`` of them were recorded)."""
+    forwards: list[tuple[int, ...]] = []
+
+    def record(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        forwards.append(tuple(kwargs["input_ids"].shape))
+        if then is not None and len(forwards) == after:
+            then()
+
+    engine.model.register_forward_pre_hook(record, with_kwargs=True)
+    return forwards
 
 
 def ask(prompt: list[int], n: int, key: str, **sampling: object) -> GenerationRequest:
@@ -25,12 +57,11 @@ def ask(prompt: list[int], n: int, key: str, **sampling: object) -> GenerationRe
 
 
 async def test_left_padded_batches_score_like_single_sequences(
-    model: Qwen2ForCausalLM, score: Score
+    model: Qwen2ForCausalLM, score: Score, decode: str
 ) -> None:
     """Rows of different lengths, joining mid-decode and leaving early, keep exact log-probs."""
-    config = TransformersEngineConfig(kv_budget_tokens=4096, max_batch_size=8)
     prompts = [[(7 * i + j) % 600 + 3 for j in range(3 + 5 * i)] for i in range(6)]
-    async with TransformersEngine(model, config) as engine:
+    async with make_engine(model, decode, kv_budget_tokens=4096, max_batch_size=8) as engine:
         first = [
             asyncio.create_task(engine.generate(ask(p, 4 + 3 * i, f"a{i}", seed=i)))
             for i, p in enumerate(prompts[:3])
@@ -47,10 +78,9 @@ async def test_left_padded_batches_score_like_single_sequences(
         assert list(result.logprobs) == pytest.approx(expected, abs=1e-4)
 
 
-async def test_kv_budget_bounds_admission(model: Qwen2ForCausalLM) -> None:
+async def test_kv_budget_bounds_admission(model: Qwen2ForCausalLM, decode: str) -> None:
     # Each request reserves 10 + 30 = 40 tokens: a budget of 100 admits two at a time.
-    config = TransformersEngineConfig(kv_budget_tokens=100, max_batch_size=8)
-    async with TransformersEngine(model, config) as engine:
+    async with make_engine(model, decode, kv_budget_tokens=100, max_batch_size=8) as engine:
         tasks = [
             asyncio.create_task(engine.generate(ask(list(range(3, 13)), 30, f"r{i}", seed=i)))
             for i in range(5)
@@ -69,9 +99,8 @@ async def test_kv_budget_bounds_admission(model: Qwen2ForCausalLM) -> None:
     assert (idle.running, idle.waiting, idle.used_tokens, idle.preemptions) == (0, 0, 0, 0)
 
 
-async def test_rejections_name_the_limit(model: Qwen2ForCausalLM) -> None:
-    config = TransformersEngineConfig(kv_budget_tokens=50)
-    async with TransformersEngine(model, config) as engine:
+async def test_rejections_name_the_limit(model: Qwen2ForCausalLM, decode: str) -> None:
+    async with make_engine(model, decode, kv_budget_tokens=50) as engine:
         too_long = await engine.generate(ask([3] * 30, 30, "long"))
         outside = await engine.generate(ask([3, 10**6], 2, "vocab"))
     assert too_long.finish_reason == "error"
@@ -79,9 +108,10 @@ async def test_rejections_name_the_limit(model: Qwen2ForCausalLM) -> None:
     assert "outside the vocabulary" in (outside.error or "")
 
 
-async def test_cancelled_request_leaves_the_batch(model: Qwen2ForCausalLM, score: Score) -> None:
-    config = TransformersEngineConfig(kv_budget_tokens=2048)
-    async with TransformersEngine(model, config) as engine:
+async def test_cancelled_request_leaves_the_batch(
+    model: Qwen2ForCausalLM, score: Score, decode: str
+) -> None:
+    async with make_engine(model, decode, kv_budget_tokens=2048) as engine:
         doomed = asyncio.create_task(engine.generate(ask([4, 5, 6], 500, "doomed", seed=1)))
         kept = asyncio.create_task(engine.generate(ask([7, 8, 9, 10], 40, "kept", seed=2)))
         await asyncio.sleep(0.05)
@@ -100,9 +130,10 @@ async def test_cancelled_request_leaves_the_batch(model: Qwen2ForCausalLM, score
     )
 
 
-async def test_close_aborts_pending_requests(model: Qwen2ForCausalLM) -> None:
-    engine = TransformersEngine(model, TransformersEngineConfig(kv_budget_tokens=64))
-    tasks = [asyncio.create_task(engine.generate(ask([3, 4], 60, f"r{i}"))) for i in range(3)]
+async def test_close_aborts_pending_requests(model: Qwen2ForCausalLM, decode: str) -> None:
+    # One request at a time, each far longer than the wait: none can finish before close().
+    engine = make_engine(model, decode, kv_budget_tokens=3000)
+    tasks = [asyncio.create_task(engine.generate(ask([3, 4], 2000, f"r{i}"))) for i in range(3)]
     await asyncio.sleep(0.05)
     await engine.close()
     results = await asyncio.gather(*tasks)
@@ -110,9 +141,9 @@ async def test_close_aborts_pending_requests(model: Qwen2ForCausalLM) -> None:
     assert all(r.error == "engine closed" for r in results)
 
 
-async def test_greedy_and_top_p(model: Qwen2ForCausalLM, score: Score) -> None:
+async def test_greedy_and_top_p(model: Qwen2ForCausalLM, score: Score, decode: str) -> None:
     prompt = [11, 12, 13, 14]
-    async with TransformersEngine(model, TransformersEngineConfig(kv_budget_tokens=512)) as engine:
+    async with make_engine(model, decode, kv_budget_tokens=512) as engine:
         greedy = await engine.generate(ask(prompt, 8, "g", temperature=0.0))
         nucleus = await engine.generate(ask(prompt, 8, "p", temperature=1.0, top_p=1e-6, seed=5))
     # Greedy reports plain log-softmax; a vanishing top-p leaves only the most likely token.
@@ -125,9 +156,11 @@ async def test_greedy_and_top_p(model: Qwen2ForCausalLM, score: Score) -> None:
     assert greedy.token_ids == tuple(int(t) for t in logits[len(prompt) - 1 : -1].argmax(-1))
 
 
-async def test_from_pretrained(model: Qwen2ForCausalLM, tmp_path: Path, score: Score) -> None:
+async def test_from_pretrained(
+    model: Qwen2ForCausalLM, tmp_path: Path, score: Score, decode: str
+) -> None:
     model.save_pretrained(tmp_path)
-    config = TransformersEngineConfig(kv_budget_tokens=256, name="loaded")
+    config = TransformersEngineConfig(kv_budget_tokens=256, name="loaded", decode=decode)
     async with TransformersEngine.from_pretrained(tmp_path, config) as engine:
         result = await engine.generate(ask([5, 6, 7], 5, "x", seed=1))
     assert engine.name == "loaded"
@@ -137,21 +170,13 @@ async def test_from_pretrained(model: Qwen2ForCausalLM, tmp_path: Path, score: S
 
 
 async def test_samples_of_one_prompt_share_a_prefill_and_keep_their_own_streams(
-    model: Qwen2ForCausalLM, score: Score
+    model: Qwen2ForCausalLM, score: Score, decode: str
 ) -> None:
     """Eight samples of one prompt (an RL group) are prefilled once and copied; each keeps exact
     log-probs, and its tokens are those it draws when generated alone with the same seed."""
     prompt = [(5 * j) % 600 + 3 for j in range(40)]
-    config = TransformersEngineConfig(kv_budget_tokens=4096, max_batch_size=16)
-    async with TransformersEngine(model, config) as engine:
-        forwards: list[tuple[int, ...]] = []
-        logits = engine._logits
-
-        def recorded(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            forwards.append(tuple(input_ids.shape))
-            return logits(input_ids, positions)
-
-        engine._logits = recorded  # type: ignore[method-assign]
+    async with make_engine(model, decode, kv_budget_tokens=4096, max_batch_size=16) as engine:
+        forwards = record_forwards(engine)
         group = await asyncio.gather(
             *(engine.generate(ask(prompt, 10, f"s{i}", seed=i)) for i in range(8))
         )
@@ -166,23 +191,15 @@ async def test_samples_of_one_prompt_share_a_prefill_and_keep_their_own_streams(
         assert list(result.logprobs) == pytest.approx(expected, abs=1e-4)
 
 
-async def test_a_joining_request_is_prefilled_alone(model: Qwen2ForCausalLM, score: Score) -> None:
+async def test_a_joining_request_is_prefilled_alone(
+    model: Qwen2ForCausalLM, score: Score, decode: str
+) -> None:
     """A request that arrives mid-decode (a rollout back from a tool call) costs its own prefill:
     the running rows keep their cache and continue beside it with exact log-probs."""
-    config = TransformersEngineConfig(kv_budget_tokens=4096, max_batch_size=8)
-    async with TransformersEngine(model, config) as engine:
-        forwards: list[tuple[int, ...]] = []
+    async with make_engine(model, decode, kv_budget_tokens=4096, max_batch_size=8) as engine:
         decoding = asyncio.Event()
         loop = asyncio.get_running_loop()
-        logits = engine._logits
-
-        def recorded(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            forwards.append(tuple(input_ids.shape))
-            if len(forwards) == 3:
-                loop.call_soon_threadsafe(decoding.set)
-            return logits(input_ids, positions)
-
-        engine._logits = recorded  # type: ignore[method-assign]
+        forwards = record_forwards(engine, 3, lambda: loop.call_soon_threadsafe(decoding.set))
         early = [[3 + j for j in range(12)], [40 + j for j in range(5)]]
         running = [
             asyncio.create_task(engine.generate(ask(p, 40, f"e{i}", seed=i)))
@@ -197,4 +214,26 @@ async def test_a_joining_request_is_prefilled_alone(model: Qwen2ForCausalLM, sco
     assert all(shape[1] == 1 for shape in forwards[1:] if shape != (1, 20))
     for prompt, result in zip([*early, late], results, strict=True):
         expected = score(prompt, list(result.token_ids), 1.0)
+        assert list(result.logprobs) == pytest.approx(expected, abs=1e-4)
+
+
+async def test_slots_grow_for_a_longer_request_and_keep_exact_logprobs(
+    model: Qwen2ForCausalLM, score: Score
+) -> None:
+    """A row that needs more columns than the slot cache has reallocates it; the rows it held
+    keep their keys and values and continue exactly."""
+    async with make_engine(model, "slots", kv_budget_tokens=4096, max_batch_size=4) as engine:
+        short = asyncio.create_task(engine.generate(ask([3, 4, 5], 60, "short", seed=1)))
+        await asyncio.sleep(0.05)
+        batch = engine._batch
+        assert isinstance(batch, SlotBatch)
+        assert batch.cache is not None
+        assert batch.cache.column_count == COLUMN_BLOCK
+        prompt = [(3 * j) % 500 + 2 for j in range(300)]
+        long = await engine.generate(ask(prompt, 8, "long", seed=2))
+        assert batch.cache.column_count == 2 * COLUMN_BLOCK
+        results = [await short, long]
+    for request_prompt, result in zip([[3, 4, 5], prompt], results, strict=True):
+        assert result.finish_reason == "length"
+        expected = score(request_prompt, list(result.token_ids), 1.0)
         assert list(result.logprobs) == pytest.approx(expected, abs=1e-4)

@@ -21,8 +21,8 @@ from rstar2_scheduler.protocol import (
 # Like templates that drop the reasoning of earlier turns: only the last assistant turn keeps
 # its content, so rendering more turns rewrites text already given to the model.
 _FORGETFUL = CHAT_TEMPLATE.replace(
-    "{{- '<|im_start|>assistant\\n' + (message.content or '') -}}",
-    "{{- '<|im_start|>assistant\\n' + (message.content if loop.last else '') -}}",
+    "{{- turn_start + 'assistant\\n' + (message.content or '') -}}",
+    "{{- turn_start + 'assistant\\n' + (message.content if loop.last else '') -}}",
 )
 
 

@@ -196,3 +196,55 @@ def test_a_deferred_forecast_refresh_equals_refreshing_at_every_change() -> None
     assert (eager_slot is None) == (lazy_slot is None)
     if eager_slot is not None and lazy_slot is not None:
         assert lazy_slot.index == eager_slot.index
+
+
+class BatchEngine(GaugeEngine):
+    """A gauge engine that decodes at most ``max_running`` requests at once."""
+
+    def __init__(self, name: str, max_running: int) -> None:
+        super().__init__(name)
+        self.max_running = max_running
+
+    def kv_stats(self) -> KVStats:
+        return KVStats(
+            capacity_tokens=CAPACITY, used_tokens=self.used, max_running=self.max_running
+        )
+
+
+def floor_policy(engines: int, max_running: int, rollouts: int) -> LiveKVPolicy:
+    slots = [EngineSlot(i, BatchEngine(f"e{i}", max_running)) for i in range(engines)]
+    policy = LiveKVPolicy(slots, headroom=0.1)
+    policy.prepare([KV_TOKENS] * rollouts)
+    return policy
+
+
+def test_an_engine_fills_its_batch_before_any_footprint_is_known() -> None:
+    # The forecast alone takes 9 (each may reach 1,000 of 10,000 tokens); a static split would
+    # run a batch of 20 at once, and so does the batch floor while the cache holds them now.
+    policy = floor_policy(engines=1, max_running=20, rollouts=100)
+    placed = fill(policy)
+    assert len(placed) == 20
+    # Rollouts waiting on a tool leave the batch: as many new ones take their places.
+    for rollout in placed[:5]:
+        policy.track(rollout, context_tokens=150, generating=False)
+    assert len(fill(policy, 20)) == 5
+    # Back from the tool, they queue at the engine; nobody new comes in.
+    for rollout in placed[:5]:
+        policy.track(rollout, context_tokens=180, generating=True)
+    assert fill(policy, 25) == []
+    # The floor also needs the cache to hold the new prompt now.
+    engine = placed[0].slot.engine
+    assert isinstance(engine, GaugeEngine)
+    engine.used = CAPACITY
+    finish(policy, placed[1], 400)
+    assert place(policy, 25) is None
+
+
+def test_the_batch_floor_keeps_the_static_split_of_the_prompts() -> None:
+    policy = floor_policy(engines=2, max_running=8, rollouts=32)
+    placed = [place(policy, index) for index in range(16)]
+    # Rollouts 0-15 are engine 0's static share: it takes 8, the rest go where there is room.
+    assert [r.slot.index for r in placed if r is not None] == [0] * 8 + [1] * 8
+    for rollout in [r for r in placed if r is not None]:
+        finish(policy, rollout, 300)
+    assert all(load.in_engine == 0 for load in policy.loads.values())

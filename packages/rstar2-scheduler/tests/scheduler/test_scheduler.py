@@ -184,11 +184,18 @@ def concurrency_tracked(jobs: list[RolloutJob[str]]) -> tuple[list[RolloutJob[st
     return [tracked(job) for job in jobs], at_start
 
 
+class UnknownBatchEngine(RecordingEngine):
+    """Reports no batch limit, so kv-aware admits by its forecast alone (no batch floor)."""
+
+    def kv_stats(self) -> KVStats:
+        return super().kv_stats().model_copy(update={"max_running": None})
+
+
 def test_kv_aware_live_learns_footprints_and_admits_as_the_cache_frees() -> None:
     # A 4,096-token cache, rollouts that may reach 2,000 tokens but use ~70: at first only
     # one fits the 10% headroom; once enough have finished, the forecast lets several share it
     # (the unsure tail of a forecast from a few dozen rollouts still counts at 2,000 tokens).
-    engines: list[Engine] = [RecordingEngine("e0", num_blocks=256, block_size=16)]
+    engines: list[Engine] = [UnknownBatchEngine("e0", num_blocks=256, block_size=16)]
     jobs, at_start = concurrency_tracked(
         [turns_job(f"j{i}", turns=2, kv_tokens=2000) for i in range(120)]
     )

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
-from rstar2_scheduler.cli import app
+from rstar2_data.terminal import cut_words
+from rstar2_scheduler.cli import _print_report, app
 from rstar2_scheduler.sim import BenchConfig, BenchReport, LogNormal, WorkloadConfig, run_benchmark
 from rstar2_scheduler.sim.engine import SimEngineConfig
 
@@ -61,11 +64,16 @@ def test_lockstep_baseline_waits_for_the_slowest_turn(report: BenchReport) -> No
     assert lockstep.metrics.makespan_s > static.metrics.makespan_s
 
 
-def test_kv_aware_keeps_prefixes_that_a_static_split_evicts(report: BenchReport) -> None:
+def test_kv_aware_is_never_slower_nor_recomputes_more_than_a_static_split(
+    report: BenchReport,
+) -> None:
     static, kv = report.runs["static"], report.runs["kv-aware"]
-    # The static split queues every rollout at once: prefixes get evicted and recomputed.
-    assert static.prefill_tokens > kv.prefill_tokens
-    assert kv.metrics.kv_usage_mean < static.metrics.kv_usage_mean
+    # Each engine's static share (32) fits one batch (64): the batch floor admits it as the
+    # static split does. Admission by the forecast alone, which assumed each rollout could
+    # reach its whole 4.4K-token reservation, took 77.5 s against the static split's 46.2 s.
+    assert kv.metrics.makespan_s <= static.metrics.makespan_s
+    assert kv.recomputed_tokens <= static.recomputed_tokens
+    assert kv.prefill_tokens <= static.prefill_tokens
     checks = {c.name: c for c in report.targets()}
     assert set(checks) == {
         "idle time cut vs static",
@@ -77,6 +85,22 @@ def test_kv_aware_keeps_prefixes_that_a_static_split_evicts(report: BenchReport)
     speedup = checks["rollout-phase speed-up vs static"]
     assert speedup.value == pytest.approx(static.metrics.makespan_s / kv.metrics.makespan_s)
     assert speedup.met == (speedup.value >= 1.45)
+
+
+@pytest.mark.slow
+def test_kv_aware_is_not_slower_than_a_static_split_on_a_phase_of_one_batch() -> None:
+    # 256 rollouts on two engines of 256 sequences: the static split runs each engine's whole
+    # share in its first batch, which is as good as it gets; the forecast alone held kv-aware
+    # back (149.8 s against 144.8 s) until the batch floor.
+    config = BenchConfig(
+        engines=2,
+        workload=WorkloadConfig(prompts=8),
+        policies=("static", "kv-aware"),
+        reservations=("live",),
+        lockstep_baseline=False,
+    )
+    runs = run_benchmark(config).runs
+    assert runs["kv-aware"].metrics.makespan_s <= runs["static"].metrics.makespan_s
 
 
 def test_report_round_trips_through_json(report: BenchReport) -> None:
@@ -118,6 +142,26 @@ def test_cli_prints_the_table_and_writes_plot_and_json(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["plot", str(out), "--out", str(again)])
     assert result.exit_code == 0, result.output
     assert again.read_bytes().startswith(b"\x89PNG")
+
+
+def test_report_tables_fit_80_columns_without_cutting_a_word(report: BenchReport) -> None:
+    def render(width: int) -> str:
+        console = Console(width=width, file=io.StringIO(), record=True)
+        _print_report(report, console)
+        return console.export_text()
+
+    narrow, wide = render(80), render(1000)
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert not cut_words(narrow, wide)
+    assert "prefill tokens" in wide
+
+
+@pytest.mark.parametrize("command", [[], ["bench"], ["plot"]])
+def test_help_fits_80_columns_without_cutting_a_word(command: list[str]) -> None:
+    narrow = CliRunner(env={"COLUMNS": "80"}).invoke(app, [*command, "--help"]).output
+    wide = CliRunner(env={"COLUMNS": "1000"}).invoke(app, [*command, "--help"]).output
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert not cut_words(narrow, wide)
 
 
 def test_cli_rejects_an_unknown_policy() -> None:

@@ -113,6 +113,14 @@ def make_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.opt
     )
 
 
+def advance_schedule(schedule: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """Step the schedule on a step without an optimizer step (every group was dropped)."""
+    with warnings.catch_warnings():
+        # torch warns when the schedule steps without an optimizer step; here that is meant.
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+        schedule.step()
+
+
 def make_schedule(
     optimizer: torch.optim.Optimizer, config: ScheduleConfig, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
@@ -189,10 +197,7 @@ class Actor:
 
     def skip(self) -> None:
         """A step with nothing to train on: the schedule still advances."""
-        with warnings.catch_warnings():
-            # torch warns when the schedule steps without an optimizer step; here that is meant.
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
-            self.schedule.step()
+        advance_schedule(self.schedule)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full weights by ``state_dict`` name, for the engines."""

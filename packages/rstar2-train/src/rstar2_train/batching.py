@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from rstar2_algo import selective_log_softmax
+from rstar2_algo import fused_linear_logprobs, selective_log_softmax
+from rstar2_train.lm_head import final_hidden_states, fusable_head
 
 
 @dataclass(frozen=True)
@@ -280,63 +281,84 @@ def token_logprobs(
     model: PreTrainedModel, batch: MicroBatch, *, temperature: float = 1.0
 ) -> torch.Tensor:
     """Log-probs of every trained target (``mask`` 1) under ``model``, temperature-scaled as
-    engines sample, ``[sequences, positions]``; 0 at every other position. Differentiable."""
+    engines sample, ``[sequences, positions]``; 0 at every other position. Differentiable.
+
+    The trained positions' final hidden states go through the LM head and the log-softmax in
+    chunks (``rstar2_algo.fused_linear_logprobs``), forward and backward, so the micro-batch's
+    logits never exist at once; a model whose logits are more than a linear head of its hidden
+    states gets them from its own head instead, for the kept columns only.
+    """
     trained = batch.mask > 0
-    # The head and the log-softmax run only where some row has a trained target: an RL
-    # sequence is mostly prompt, and a real vocabulary makes those the largest tensors of a step.
+    # Only columns where some row has a trained target are computed: an RL sequence is mostly
+    # prompt, and a real vocabulary makes its logits the largest tensors of a step.
     keep = torch.unique(batch.cols[trained])
     if keep.numel() == 0:  # nothing trained: one column keeps the graph (its gradient is 0)
         keep = batch.cols[:1, -1]
-    if batch.prefix_ids is None:
-        output = model(
-            input_ids=batch.input_ids,
-            position_ids=batch.position_ids,
-            use_cache=False,  # packed position ids are read as separate sequences without one
-            logits_to_keep=keep,
-        )
-        logits = output.logits
-        # Each output position predicts the next input token; where that token belongs to the
-        # next packed sequence (or is padding) the position is never gathered below.
-        targets = torch.roll(batch.input_ids, shifts=-1, dims=1)
-    else:
-        logits = _shared_prefix_logits(model, batch, keep)
-        targets = batch.input_ids
-    logprobs = selective_log_softmax(logits, targets[:, keep], temperature=temperature or 1.0)
+    head = fusable_head(model)
+    columns = _output_columns(model, batch, keep, hidden=head is not None)
+    # Output column c predicts the next input token (packed or padded rows; where it belongs to
+    # the next packed sequence or is padding, the position is never trained), or in a
+    # shared-prefix micro-batch input column c.
+    targets = batch.input_ids if batch.prefix_ids is not None else batch.input_ids.roll(-1, 1)
     kept_col = torch.searchsorted(keep, batch.cols).clamp(max=keep.numel() - 1)
-    return torch.where(trained, logprobs[batch.rows, kept_col], 0.0)
+    temperature = temperature or 1.0
+    if head is None:
+        logprobs = selective_log_softmax(columns, targets[:, keep], temperature=temperature)
+        return torch.where(trained, logprobs[batch.rows, kept_col], 0.0)
+    rows, cols = batch.rows[trained], kept_col[trained]
+    picked = fused_linear_logprobs(
+        columns[rows, cols],
+        head.weight,
+        targets[:, keep][rows, cols],
+        bias=head.bias,
+        temperature=temperature,
+    ).logprobs
+    out = torch.zeros(trained.shape, dtype=picked.dtype, device=picked.device)
+    # Differentiable in ``picked``, also when it is empty (the graph still reaches the model).
+    return out.index_put(trained.nonzero(as_tuple=True), picked)
 
 
-def _shared_prefix_logits(
-    model: PreTrainedModel, batch: MicroBatch, keep: torch.Tensor
+def _output_columns(
+    model: PreTrainedModel, batch: MicroBatch, keep: torch.Tensor, *, hidden: bool
 ) -> torch.Tensor:
-    """Logits of output columns ``keep`` of a shared-prefix micro-batch: the prefix runs once
-    into a KV cache, which every row's forward then reads (gradients through it add up)."""
-    assert batch.prefix_ids is not None
-    rows, head = batch.input_ids.shape[0], batch.prefix_ids.shape[1]
-    cache = DynamicCache(config=model.config)
-    first = model(
-        input_ids=batch.prefix_ids,
-        position_ids=torch.arange(head, device=batch.prefix_ids.device).unsqueeze(0),
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    if cache.get_seq_length() != head:
-        raise RuntimeError(
-            "shared-prefix micro-batches need the model's KV cache in training, which gradient "
-            "checkpointing turns off: set rl.shared_prefix=false"
-        )
-    cache.batch_repeat_interleave(rows)
-    # Column c > 0 is the rest's position c - 1; its last position predicts nothing.
-    rest = keep[keep > 0] - 1
-    parts = [first.logits.expand(rows, -1, -1)] if bool(keep[0] == 0) else []
-    if rest.numel():
-        output = model(
-            input_ids=batch.input_ids,
-            position_ids=batch.position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=rest,
-        )
-        parts.append(output.logits)
-    return torch.cat(parts, dim=1)
+    """``[rows, len(keep), *]``: the final hidden states (``hidden``) or the logits of output
+    columns ``keep``. A shared-prefix micro-batch runs its prefix once into a KV cache, which
+    every row's forward then reads (gradients through it add up)."""
+    with final_hidden_states(model) as states:
+
+        def forward(
+            input_ids: torch.Tensor,
+            position_ids: torch.Tensor,
+            wanted: torch.Tensor,
+            cache: DynamicCache | None = None,
+        ) -> torch.Tensor:
+            output = model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                past_key_values=cache,
+                # Without a cache, packed position ids are read as separate sequences.
+                use_cache=cache is not None,
+                # The fused head needs no logits at all, only the hidden states.
+                logits_to_keep=wanted[:0] if hidden else wanted,
+            )
+            columns: torch.Tensor = states[-1][:, wanted] if hidden else output.logits
+            return columns
+
+        if batch.prefix_ids is None:
+            return forward(batch.input_ids, batch.position_ids, keep)
+        rows, head = batch.input_ids.shape[0], batch.prefix_ids.shape[1]
+        cache = DynamicCache(config=model.config)
+        positions = torch.arange(head, device=batch.prefix_ids.device)
+        first = forward(batch.prefix_ids, positions.unsqueeze(0), positions[-1:], cache)
+        if cache.get_seq_length() != head:
+            raise RuntimeError(
+                "shared-prefix micro-batches need the model's KV cache in training, which "
+                "gradient checkpointing turns off: set rl.shared_prefix=false"
+            )
+        cache.batch_repeat_interleave(rows)
+        # Column c > 0 is the rest's position c - 1; its last position predicts nothing.
+        rest = keep[keep > 0] - 1
+        parts = [first.expand(rows, -1, -1)] if bool(keep[0] == 0) else []
+        if rest.numel():
+            parts.append(forward(batch.input_ids, batch.position_ids, rest, cache))
+        return torch.cat(parts, dim=1)

@@ -22,6 +22,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from rstar2_data.protocol import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TURN_END, TURN_START
+
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
@@ -64,7 +66,8 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 _PROBE = (
-    '<|im_start|>user\nWhat is 12345 * 678?\n<tool_call>{"code": "print(1)"}</tool_call><|im_end|>'
+    f"{TURN_START}user\nWhat is 12345 * 678?\n"
+    f'{TOOL_CALL_OPEN}{{"code": "print(1)"}}{TOOL_CALL_CLOSE}{TURN_END}'
 )
 
 

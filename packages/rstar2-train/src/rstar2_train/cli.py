@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from rstar2_data.terminal import FittedTable
 from rstar2_eval import InputError
 from rstar2_train.config.loader import ConfigError, dump_config, load_config, shipped_configs
 from rstar2_train.demo import DemoOptions, run_demo
@@ -23,6 +24,8 @@ app = typer.Typer(
     help="Train math reasoning models with a Python tool: SFT and GRPO-RoC stages.",
     no_args_is_help=True,
     add_completion=False,
+    # Plain help: it wraps between words at any width, where rich's option panels cut words.
+    rich_markup_mode=None,
 )
 errors = Console(stderr=True)
 
@@ -63,16 +66,17 @@ def _fail(message: str) -> typer.Exit:
 def stage(
     config: ConfigArgument,
     overrides: SetOption = None,
-    output: Annotated[
+    out: Annotated[
         str | None,
         typer.Option(help="Run directory (overrides output_dir from the config)."),
     ] = None,
+    output: Annotated[str | None, typer.Option(hidden=True, help="Old name of --out.")] = None,
     resume: Annotated[
         bool,
         typer.Option(
             "--resume",
-            help="Continue the run in the output directory from its newest checkpoint, with "
-            "the same data order and random state.",
+            help="Continue the run in the run directory (--out or the config's output_dir) "
+            "from its newest checkpoint, with the same data order and random state.",
         ),
     ] = False,
     allow_changes: Annotated[
@@ -90,11 +94,14 @@ def stage(
         str, typer.Option(help="Logging level: DEBUG, INFO, WARNING, ERROR.")
     ] = "INFO",
 ) -> None:
-    """Run one training stage (SFT or RL) to its end; the final weights go to OUTPUT/final."""
+    """Run one training stage (SFT or RL) to its end; the final weights go to OUT/final."""
     _configure_logging(log_level)
     settings = list(overrides or [])
-    if output is not None:
-        settings.append(f"output_dir={output}")
+    if out is not None and output is not None and out != output:
+        raise _fail(f"--out {out} and --output {output} (its old name) disagree; give --out only")
+    run_dir = out if out is not None else output
+    if run_dir is not None:
+        settings.append(f"output_dir={run_dir}")
     try:
         resolved = load_config(config, settings)
     except ConfigError as error:
@@ -113,7 +120,7 @@ def configs() -> None:
     table = Table("name", "description")
     for name, description in shipped_configs().items():
         table.add_row(name, description)
-    Console().print(table)
+    Console().print(FittedTable(table))
 
 
 @app.command()
@@ -139,8 +146,8 @@ def demo(
         bool,
         typer.Option(
             "--quick",
-            help="A few SFT and RL steps and an 8-problem held-out slice (about two minutes): "
-            "checks that every stage runs, not what RL achieves.",
+            help="A few SFT and RL steps and an 8-problem held-out slice: checks that every "
+            "stage runs, not what RL achieves. Mostly start-up time (model, sandbox, grader).",
         ),
     ] = False,
     ablation: Annotated[

@@ -1,4 +1,4 @@
-"""Per-step metrics: one JSON line per step, optionally mirrored to TensorBoard.
+"""Per-step metrics: one JSON line per step, optionally mirrored to TensorBoard and W&B.
 
 A resumed stage first cuts the file back to the checkpoint's step, so steps that are redone are
 never logged twice; a line half-written by a kill is dropped with a warning.
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rstar2_data.jsonl import atomic_write_text
+from rstar2_train.wandb_run import WandbRun
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +39,19 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 class MetricsLog:
-    """Appends step records to ``metrics.jsonl`` (and TensorBoard when asked)."""
+    """Appends step records to ``metrics.jsonl`` (and TensorBoard and W&B when asked)."""
 
-    def __init__(self, path: Path, *, keep_until: int, tensorboard: Path | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        keep_until: int,
+        tensorboard: Path | None = None,
+        wandb: WandbRun | None = None,
+    ) -> None:
         self.path = path
         kept = [record for record in read_metrics(path) if record.get("step", 0) <= keep_until]
+        self.wandb = wandb
         atomic_write_text(path, "".join(json.dumps(record) + "\n" for record in kept))
         self.records = kept
         self._writer: Any = None
@@ -70,7 +79,11 @@ class MetricsLog:
                 if math.isfinite(value):
                     self._writer.add_scalar(name, value, step)
             self._writer.flush()
+        if self.wandb is not None:
+            self.wandb.log(step, metrics)
 
-    def close(self) -> None:
+    def close(self, *, failed: bool = False) -> None:
         if self._writer is not None:
             self._writer.close()
+        if self.wandb is not None:
+            self.wandb.finish(failed=failed)

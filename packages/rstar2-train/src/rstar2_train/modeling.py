@@ -20,7 +20,7 @@ from transformers import (
 from rstar2_data import build_tokenizer
 from rstar2_scheduler import ChatProtocol, install_chat_template
 from rstar2_scheduler.protocol import SPECIAL_TOKENS
-from rstar2_train.config.schema import ModelConfig, TokenizerTraining
+from rstar2_train.config.schema import ModelConfig, StageConfig, TokenizerTraining
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,46 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def trainer_on_gpu(config: StageConfig) -> bool:
+    """Whether the stage trains on GPUs: its Ray trainer ranks have GPUs, or (in this process)
+    ``model.device`` resolves to one."""
+    from rstar2_train.placement.stage import stage_placement  # imports this module
+
+    placement = stage_placement(config)
+    if placement is not None:
+        return placement.trainer.gpus > 0
+    return resolve_device(config.model.device).type != "cpu"
+
+
+def choose_attention(requested: str, *, on_gpu: bool, packed: bool) -> str:
+    """``requested``, or for ``auto``: ``flex_attention`` for packed rows on a GPU, else
+    ``sdpa``."""
+    if requested != "auto":
+        return requested
+    return "flex_attention" if on_gpu and packed else "sdpa"
+
+
+def resolve_attention(config: StageConfig) -> StageConfig:
+    """The stage config with ``model.attn_implementation: auto`` replaced by its choice:
+    ``flex_attention`` when the trainer is on GPUs and micro-batches are packed (FlexAttention
+    reads the packed rows' document mask as a block mask; ``sdpa`` would attend through a dense
+    mask over the whole row), else ``sdpa``. The choice is logged."""
+    if config.model.attn_implementation != "auto":
+        return config
+    section = config.sft if config.sft is not None else config.rl
+    packed = section is not None and section.packing
+    gpu = trainer_on_gpu(config)
+    choice = choose_attention("auto", on_gpu=gpu, packed=packed)
+    logger.info(
+        "model.attn_implementation auto -> %s (trainer on %s, %s micro-batches)",
+        choice,
+        "GPU" if gpu else "CPU",
+        "packed" if packed else "padded",
+    )
+    model = config.model.model_copy(update={"attn_implementation": choice})
+    return config.model_copy(update={"model": model})
 
 
 class CheckpointNotFoundError(ValueError):
@@ -93,15 +133,20 @@ def bootstrap_chat(training: TokenizerTraining) -> ChatProtocol:
 def build_model(
     config: ModelConfig, tokenizer: PreTrainedTokenizerBase, *, seed: int
 ) -> PreTrainedModel:
-    """The policy: loaded from ``config.path``, or new random weights from ``config.init``."""
+    """The policy: loaded from ``config.path``, or new random weights from ``config.init``.
+
+    ``attn_implementation: auto`` is resolved per stage (``resolve_attention``); a model built
+    outside a stage gets ``sdpa`` for it.
+    """
     dtype = DTYPES[config.dtype]
+    attention = choose_attention(config.attn_implementation, on_gpu=False, packed=False)
     if config.path is not None:
         _check_source(config.path, "model.path")
         try:
             model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
                 config.path,
                 dtype=dtype,
-                attn_implementation=config.attn_implementation,
+                attn_implementation=attention,
                 trust_remote_code=config.trust_remote_code,
             )
         except OSError as error:
@@ -132,7 +177,7 @@ def build_model(
         if config_class is None:
             raise ValueError(f"{config.init.architecture} names no config class")
         model_config = config_class(**settings)
-        model_config._attn_implementation = config.attn_implementation
+        model_config._attn_implementation = attention
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = model_class(model_config)
@@ -140,5 +185,11 @@ def build_model(
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     parameters = sum(p.numel() for p in model.parameters())
-    logger.info("policy: %s, %.2fM parameters, %s", type(model).__name__, parameters / 1e6, dtype)
+    logger.info(
+        "policy: %s, %.2fM parameters, %s, %s attention",
+        type(model).__name__,
+        parameters / 1e6,
+        dtype,
+        attention,
+    )
     return model

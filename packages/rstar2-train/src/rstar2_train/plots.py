@@ -5,23 +5,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rstar2_data.jsonl import atomic_output
 
-# One figure per entry: file name, title, the metric keys drawn as glob patterns (missing keys
-# are skipped; "val/*/avg@*" draws one line per validation benchmark).
-FIGURES: Sequence[tuple[str, str, tuple[str, ...]]] = (
-    ("loss", "Loss", ("train/loss", "val/loss")),
-    ("reward", "Reward", ("reward/mean",)),
-    ("accuracy", "Accuracy", ("reward/accuracy", "val/*/avg@*")),
-    ("response_length", "Response length (tokens)", ("response/length_mean",)),
-    (
+
+class Figure(NamedTuple):
+    """One PNG: the metric keys it draws as glob patterns (missing keys are skipped;
+    "val/*/avg@*" draws one line per validation benchmark)."""
+
+    name: str
+    title: str
+    y_label: str
+    patterns: tuple[str, ...]
+
+
+FIGURES: Sequence[Figure] = (
+    Figure("loss", "Loss", "loss (nats per trained token)", ("train/loss", "val/loss")),
+    Figure("reward", "Reward", "mean reward per rollout", ("reward/mean",)),
+    Figure("accuracy", "Accuracy", "fraction correct", ("reward/accuracy", "val/*/avg@*")),
+    Figure("response_length", "Response length", "tokens per rollout", ("response/length_mean",)),
+    Figure(
         "tool_errors",
         "Tool-error ratio",
+        "failed tool calls / tool calls",
         ("tools/error_ratio_all_positives", "tools/error_ratio_kept_positives"),
     ),
-    ("learning_rate", "Learning rate", ("actor/lr",)),
+    Figure("learning_rate", "Learning rate", "learning rate", ("actor/lr",)),
 )
 
 
@@ -48,21 +58,22 @@ def write_plots(records: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
     except ImportError as missing:
         raise ImportError("plots need matplotlib: pip install 'rstar2-train[plot]'") from missing
     written: list[Path] = []
-    for name, title, patterns in FIGURES:
+    for spec in FIGURES:
         lines: dict[str, tuple[list[int], list[float]]] = {}
-        for pattern in patterns:
+        for pattern in spec.patterns:
             lines.update(_series(records, pattern))
         if not lines:
             continue
         figure, axes = plt.subplots(figsize=(6.4, 3.6))
         for label, (steps, values) in lines.items():
             axes.plot(steps, values, marker="o" if len(steps) < 30 else None, label=label)
-        axes.set_title(title)
+        axes.set_title(spec.title)
         axes.set_xlabel("step")
+        axes.set_ylabel(spec.y_label)
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")
         figure.tight_layout()
-        path = folder / f"{name}.png"
+        path = folder / f"{spec.name}.png"
         with atomic_output(path) as temporary:
             figure.savefig(temporary, format="png", dpi=100)
         plt.close(figure)

@@ -10,6 +10,7 @@
   samples/step-N.md      RL: a few rollouts per step as readable conversations
   validation/step-N/     RL: rstar2-eval outputs of periodic validation
   tensorboard/           TensorBoard events (logging.tensorboard)
+  wandb/                 the W&B run's id and, offline, the run itself (logging.wandb)
   data/<recipe>/         recipes built for this run
 ```
 """
@@ -42,6 +43,7 @@ class RunDir:
         self.samples = self.root / "samples"
         self.validation = self.root / "validation"
         self.tensorboard = self.root / "tensorboard"
+        self.wandb = self.root / "wandb"
         self.data = self.root / "data"
 
     def has_run(self) -> bool:

@@ -24,7 +24,10 @@ def run_stage(
     order and random state (from the beginning when there is none yet).
     """
     run = StageRun(config, resume=resume, allow_changes=allow_changes, reporter=reporter)
+    failed = True
     try:
-        return train_sft(run) if config.kind == "sft" else train_rl(run)
+        final = train_sft(run) if config.kind == "sft" else train_rl(run)
+        failed = False
+        return final
     finally:
-        run.close()
+        run.close(failed=failed)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from rstar2_data.jsonl import atomic_write_text
 from rstar2_train.actor import TrainingActor
 from rstar2_train.checkpoint import (
     TrainerState,
@@ -25,11 +26,18 @@ from rstar2_train.checkpoint import (
 )
 from rstar2_train.config.schema import StageConfig
 from rstar2_train.data import DataOrder
-from rstar2_train.metrics import MetricsLog
-from rstar2_train.modeling import build_model, load_tokenizer, resolve_device, train_tokenizer
+from rstar2_train.metrics import MetricsLog, read_metrics
+from rstar2_train.modeling import (
+    build_model,
+    load_tokenizer,
+    resolve_attention,
+    resolve_device,
+    train_tokenizer,
+)
 from rstar2_train.plots import write_plots
 from rstar2_train.progress import LogReporter, Reporter
 from rstar2_train.run_dir import RunDir
+from rstar2_train.wandb_run import WandbRun
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +53,16 @@ class StageRun:
         allow_changes: bool = False,
         reporter: Reporter | None = None,
     ) -> None:
-        self.config = config
         self.dir = RunDir(config.output_dir)
         self.dir.prepare(config, resume=resume, allow_changes=allow_changes)
+        # The config as given stays the run's identity (resume and the demo compare it); what
+        # `auto` chose on this machine is noted in config.yaml as a comment.
+        resolved = resolve_attention(config)
+        if resolved.model.attn_implementation != config.model.attn_implementation:
+            note = f"# model.attn_implementation auto: {resolved.model.attn_implementation}\n"
+            atomic_write_text(self.dir.config, self.dir.config.read_text() + note)
+        config = resolved
+        self.config = config
         self.reporter: Reporter = reporter or LogReporter()
         found = list_checkpoints(self.dir.checkpoints) if resume else []
         self.checkpoint: Path | None = found[-1] if found else None
@@ -69,10 +84,20 @@ class StageRun:
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
         self.device = resolve_device(config.model.device)
+        self.wandb: WandbRun | None = None
+        if config.logging.wandb is not None:
+            logged = [record.get("step", 0) for record in read_metrics(self.dir.metrics)]
+            self.wandb = WandbRun(
+                config.logging.wandb,
+                config,
+                self.dir.wandb,
+                logged_until=max(logged) if logged else None,
+            )
         self.metrics = MetricsLog(
             self.dir.metrics,
             keep_until=self.start_step,
             tensorboard=self.dir.tensorboard if config.logging.tensorboard else None,
+            wandb=self.wandb,
         )
 
     def tokenizer(self, training_texts: Callable[[], Iterable[str]]) -> PreTrainedTokenizerBase:
@@ -157,6 +182,6 @@ class StageRun:
             write_plots(self.metrics.records, self.dir.plots)
         return final
 
-    def close(self) -> None:
-        self.metrics.close()
+    def close(self, *, failed: bool = False) -> None:
+        self.metrics.close(failed=failed)
         self.reporter.stop()

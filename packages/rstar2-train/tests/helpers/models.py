@@ -6,7 +6,9 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 
-def tiny_model(vocab_size: int = 97, *, seed: int = 0) -> Qwen3ForCausalLM:
+def tiny_model(
+    vocab_size: int = 97, *, seed: int = 0, tied: bool = False, attention: str = "sdpa"
+) -> Qwen3ForCausalLM:
     torch.manual_seed(seed)
     config = Qwen3Config(
         vocab_size=vocab_size,
@@ -17,7 +19,9 @@ def tiny_model(vocab_size: int = 97, *, seed: int = 0) -> Qwen3ForCausalLM:
         num_key_value_heads=2,
         head_dim=8,
         max_position_embeddings=512,
+        tie_word_embeddings=tied,
     )
+    config._attn_implementation = attention
     return Qwen3ForCausalLM(config)
 
 

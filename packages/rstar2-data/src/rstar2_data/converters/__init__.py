@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rstar2_data.benchmarks import FieldMap
 from rstar2_data.converters.base import Converter, RowError, RowKind
 from rstar2_data.converters.chat_sources import (
     ApigenMT,
@@ -37,11 +38,11 @@ CONVERTERS: dict[str, Callable[[], Converter[Any]]] = {
     "glaive": Glaive,
     "magicoder_oss": MagicoderToTool,
     "magicoder_evol": lambda: MagicoderToTool(instruction="instruction", response="response"),
-    "dapo_processed": lambda: MappedMath(problem="prompt", answer="solution"),
+    "dapo_processed": lambda: MappedMath(FieldMap(problem="prompt", answer="solution")),
     "dapo_raw": DapoRaw,
     "openmathreasoning": OpenMathReasoning,
     "project_euler": lambda: MappedMath(
-        id_field="id", problem="problem", answer="numerical_answer"
+        FieldMap(id="id", problem="problem", answer="numerical_answer")
     ),
 }
 

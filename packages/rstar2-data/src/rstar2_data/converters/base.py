@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
+from rstar2_data.benchmarks import lookup
 from rstar2_data.schemas import ChatExample, MathProblem
 
 RowKind = Literal["math", "chat"]
@@ -37,11 +38,9 @@ class Converter(ABC, Generic[RowT]):
 
 def field(row: Mapping[str, Any], path: str) -> Any:
     """The value at a dotted ``path`` ("reward_model.ground_truth"); ``RowError`` when absent."""
-    value: Any = row
-    for part in path.split("."):
-        if not isinstance(value, Mapping) or part not in value or value[part] is None:
-            raise RowError(f"missing field {path}")
-        value = value[part]
+    value = lookup(row, path)
+    if value is None:
+        raise RowError(f"missing field {path}")
     return value
 
 

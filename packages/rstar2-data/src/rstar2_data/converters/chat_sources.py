@@ -23,7 +23,8 @@ from rstar2_data.converters.calls import (
     json_objects,
     json_value,
 )
-from rstar2_data.schemas import ChatExample, ChatMessage, FunctionCall, ToolCall
+from rstar2_data.protocol import FunctionCall, ToolCall
+from rstar2_data.schemas import ChatExample, ChatMessage
 from rstar2_data.tools import PYTHON_TOOL_NAME, python_tool_arguments, python_tool_schema
 
 

@@ -8,8 +8,9 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
-from rstar2_data.answers import normalize_integer, unwrap_boxed
-from rstar2_data.converters.base import Converter, RowError, RowKind, field, text_field
+from rstar2_data.answers import canonical_integer, unwrap_boxed
+from rstar2_data.benchmarks import FieldMap, FieldRole, lookup
+from rstar2_data.converters.base import Converter, RowError, RowKind, field
 from rstar2_data.schemas import MathProblem
 
 
@@ -19,13 +20,13 @@ def make_problem(
     """A ``MathProblem`` with its answer normalized: integers canonical, else unwrapped text."""
     if isinstance(answer, bool) or not isinstance(answer, str | int | float):
         raise RowError("answer is not a string or number", type(answer).__name__)
-    integer = normalize_integer(answer)
+    integer = canonical_integer(answer)
     if integer is not None:
         return MathProblem(
             id=problem_id,
             source=source,
             problem=problem.strip(),
-            answer=str(integer),
+            answer=integer,
             answer_kind="integer",
             metadata=metadata,
         )
@@ -43,35 +44,41 @@ def make_problem(
 
 
 class MappedMath(Converter[MathProblem]):
-    """Problem/answer rows whose columns a field mapping names (dotted paths for nesting).
+    """Problem/answer rows whose fields a ``FieldMap`` names (dotted paths for nesting).
 
-    Without an ``id`` column, ids are ``<source>-<row index>``; ``keep`` copies extra columns
-    into the metadata.
+    A row without any of the id fields is ``<source>-<row index>``; ``keep`` copies fields into
+    the metadata.
     """
 
     kind: ClassVar[RowKind] = "math"
 
-    def __init__(
-        self,
-        *,
-        problem: str = "problem",
-        answer: str = "answer",
-        id_field: str | None = None,
-        keep: tuple[str, ...] = (),
-    ) -> None:
-        self.problem, self.answer, self.id_field, self.keep = problem, answer, id_field, keep
+    def __init__(self, fields: FieldMap | None = None) -> None:
+        self.fields = fields if fields is not None else FieldMap()
+
+    def _required(self, row: Mapping[str, Any], role: FieldRole) -> tuple[str, Any]:
+        found = self.fields.find(row, role)
+        if found is None:
+            raise RowError(f"missing field {' or '.join(getattr(self.fields, role))}")
+        return found
 
     def problem_text(self, row: Mapping[str, Any]) -> str:
-        return text_field(row, self.problem)
+        name, value = self._required(row, "problem")
+        if not isinstance(value, str):
+            raise RowError(f"field {name} is not a string", type(value).__name__)
+        if not value.strip():
+            raise RowError(f"empty field {name}")
+        return value
 
     def convert(self, row: Mapping[str, Any], *, source: str, index: int) -> MathProblem:
-        problem_id = str(field(row, self.id_field)) if self.id_field else f"{source}-{index}"
-        metadata = {name: row[name] for name in self.keep if row.get(name) is not None}
+        found_id = self.fields.find(row, "id")
+        metadata = {
+            name: value for name in self.fields.keep if (value := lookup(row, name)) is not None
+        }
         return make_problem(
-            problem_id=problem_id,
+            problem_id=str(found_id[1]) if found_id is not None else f"{source}-{index}",
             source=source,
             problem=self.problem_text(row),
-            answer=field(row, self.answer),
+            answer=self._required(row, "answer")[1],
             metadata=metadata,
         )
 
@@ -101,7 +108,7 @@ class DapoRaw(MappedMath):
 
     def __init__(self) -> None:
         super().__init__(
-            problem="prompt", answer="reward_model.ground_truth", id_field="extra_info.index"
+            FieldMap(problem="prompt", answer="reward_model.ground_truth", id="extra_info.index")
         )
 
     def problem_text(self, row: Mapping[str, Any]) -> str:
@@ -124,7 +131,9 @@ class OpenMathReasoning(MappedMath):
 
     def __init__(self) -> None:
         super().__init__(
-            problem="problem", answer="expected_answer", keep=("problem_source", "problem_type")
+            FieldMap(
+                problem="problem", answer="expected_answer", keep=("problem_source", "problem_type")
+            )
         )
 
     def convert(self, row: Mapping[str, Any], *, source: str, index: int) -> MathProblem:

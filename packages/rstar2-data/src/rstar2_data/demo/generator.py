@@ -9,7 +9,14 @@ from typing import Literal
 
 from rstar2_data.demo.runner import Execution, run_python
 from rstar2_data.demo.tasks import FAMILIES, LEVELS, Level, TaskInstance
-from rstar2_data.schemas import ChatExample, ChatMessage, FunctionCall, MathProblem, ToolCall
+from rstar2_data.protocol import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    REASON_CLOSE,
+    REASON_OPEN,
+    ToolCall,
+)
+from rstar2_data.schemas import ChatExample, ChatMessage, MathProblem
 from rstar2_data.tools import PYTHON_TOOL_NAME, python_tool_arguments, python_tool_schema
 
 DEMO_SOURCE = "rstar2/demo"
@@ -127,6 +134,10 @@ _FAILURES: dict[str, tuple[str, Callable[[str, str], tuple[str, str]]]] = {
 _DIRECT_PLAN = "I can work this one out without running code."
 
 
+def _boxed_answer(answer: object) -> str:
+    return f"{ANSWER_OPEN}\n\\boxed{{{answer}}}\n{ANSWER_CLOSE}"
+
+
 def _replace_last(text: str, old: str, new: str) -> str:
     head, sep, tail = text.rpartition(old)
     if not sep:
@@ -135,10 +146,7 @@ def _replace_last(text: str, old: str, new: str) -> str:
 
 
 def _assistant_call(content: str, call_id: str, code: str, stdin: str) -> ChatMessage:
-    call = ToolCall(
-        id=call_id,
-        function=FunctionCall(name=PYTHON_TOOL_NAME, arguments=python_tool_arguments(code, stdin)),
-    )
+    call = ToolCall.of(PYTHON_TOOL_NAME, python_tool_arguments(code, stdin), id=call_id)
     return ChatMessage(role="assistant", content=content, tool_calls=[call])
 
 
@@ -156,24 +164,23 @@ def to_transcript(
 ) -> ChatExample:
     """An SFT conversation solving ``task`` with the Python tool, in the agent protocol.
 
-    The assistant reasons inside ``<reason>`` (left open across tool turns, as the generation
-    prompt pre-fills it), calls the tool, reads the real output of running the call, and ends
-    with one ``<answer>`` holding ``\\boxed{}``. With ``failure`` set to a planted-bug name, the
-    first call fails and a corrected call follows. With ``direct``, the assistant states the
-    (correct) answer without calling the tool, as a teacher that trusts its own arithmetic does.
+    The assistant reasons inside the reasoning block (left open across tool turns, as the
+    generation prompt pre-fills its opening tag), calls the tool, reads the real output of
+    running the call, and ends with one answer block holding ``\\boxed{}``. With ``failure``
+    set to a planted-bug name, the first call fails and a corrected call follows. With
+    ``direct``, the assistant states the (correct) answer without calling the tool, as a teacher
+    that trusts its own arithmetic does.
     """
     messages = [ChatMessage(role="user", content=task.problem)]
     if direct:
         if failure is not None:
             raise ValueError("a direct answer makes no tool call, so it cannot have a failure")
-        answer = (
-            f"<reason>\n{_DIRECT_PLAN}\n</reason>\n<answer>\n\\boxed{{{task.answer}}}\n</answer>"
-        )
+        answer = f"{REASON_OPEN}\n{_DIRECT_PLAN}\n{REASON_CLOSE}\n{_boxed_answer(task.answer)}"
         messages.append(ChatMessage(role="assistant", content=answer))
         return ChatExample(
             id=example_id, source=DEMO_SOURCE, messages=messages, tools=[python_tool_schema()]
         )
-    opening = f"<reason>\n{task.plan}\n"
+    opening = f"{REASON_OPEN}\n{task.plan}\n"
     if failure is not None:
         if failure not in _FAILURES:
             raise ValueError(f"unknown failure {failure!r}; expected one of {sorted(_FAILURES)}")
@@ -199,8 +206,8 @@ def to_transcript(
         ChatMessage(
             role="assistant",
             content=(
-                f"The program printed {printed}, so the answer is {printed}.\n</reason>\n"
-                f"<answer>\n\\boxed{{{printed}}}\n</answer>"
+                f"The program printed {printed}, so the answer is {printed}.\n{REASON_CLOSE}\n"
+                f"{_boxed_answer(printed)}"
             ),
         ),
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar
 
-from rstar2_data.answers import normalize_integer
+from rstar2_data.answers import canonical_integer, integer_digits
 from rstar2_data.converters.base import RowKind
 from rstar2_data.filters.base import Filter, Row
 from rstar2_data.schemas import MathProblem
@@ -25,10 +25,12 @@ class IntegerAnswer(Filter):
     def rejector(self) -> Callable[[Row], str | None]:
         def reject(row: Row) -> str | None:
             assert isinstance(row, MathProblem)  # kinds guarantees it
-            value = normalize_integer(row.answer)
+            value = canonical_integer(row.answer)
             if value is None:
                 return "answer is not an integer"
-            if abs(value) > self.max_abs:
+            # Compare lengths first: int() refuses very long digit strings.
+            too_long = integer_digits(value) > len(str(self.max_abs))
+            if too_long or abs(int(value)) > self.max_abs:
                 return f"answer larger than {self.max_abs}"
             return None
 

@@ -1,12 +1,18 @@
 """An in-process transformers model behind the ``Engine`` interface (CPU or GPU).
 
 Pending requests are batched by the engine itself: transformers' own continuous batching
-(``generate_batch``) sees no free memory on CPU, so this engine keeps an explicit KV token budget.
-A request is admitted while the sum of admitted reservations (prompt + ``max_new_tokens``) fits
-the budget, so a running request can always finish and nothing is ever preempted. Requests that
-arrive while a batch decodes join it at the next step: they are prefilled alone and their keys
-and values appended to the batch's (left-padded), and rows with the same context (an RL group's
-samples) are prefilled once; finished rows leave the KV cache at once.
+(``generate_batch``) sees no free memory on CPU, and samples with one global generator and its
+own log-prob convention, so this engine keeps an explicit KV token budget and its own sampling
+(per-request seeds, log-probs of the temperature-scaled distribution). A request is admitted
+while the sum of admitted reservations (prompt + ``max_new_tokens``) fits the budget, so a
+running request can always finish and nothing is ever preempted. Requests that arrive while a
+batch decodes join it at the next step: they are prefilled alone and their keys and values added
+to the batch's, and rows with the same context (an RL group's samples) are prefilled once;
+finished rows leave the batch at once.
+
+Where the batch's keys and values live is a ``KVBatch``: on CPU a left-padded ``DynamicCache``
+(``PaddedBatch``); on accelerators per-row slots of a preallocated cache with a grouped-query
+decode attention and a CUDA-graph-compiled decode step (``SlotBatch``, ``slots.py``).
 
 For RL the engine takes new weights in place (``update_weights``, between forward steps) and can
 ``sleep`` to give its memory to a colocated trainer; nothing is cached across requests, so
@@ -23,12 +29,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from rstar2_scheduler.compute import run_on_device
 from rstar2_scheduler.engine import (
@@ -40,7 +45,9 @@ from rstar2_scheduler.engine import (
     KVStats,
     NamedTensors,
 )
+from rstar2_scheduler.engines.padded import KVBatch, PaddedBatch
 from rstar2_scheduler.engines.sampling import sample_next
+from rstar2_scheduler.engines.slots import SlotBatch, slots_unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +70,20 @@ class TransformersEngineConfig(BaseModel):
         description="Intra-op threads of torch during this engine's forward steps (None: "
         "torch's setting). On a CPU a small model decodes faster on one thread, where OpenMP's "
         "synchronisation costs more than the parallel work saves.",
+    )
+    decode: Literal["auto", "padded", "slots"] = Field(
+        default="auto",
+        description="Where the batch's keys and values live. padded: a left-padded "
+        "DynamicCache grown by concatenation (exact, simple; the CPU path). slots: per-row "
+        "slots of a preallocated cache, written in place, with a grouped-query decode "
+        "attention (the accelerator path; full-attention models only). auto: slots on an "
+        "accelerator when the model supports them, else padded.",
+    )
+    compile: bool | None = Field(
+        default=None,
+        description="slots: run the decode step under torch.compile with CUDA graphs "
+        "(mode reduce-overhead; compiles once per shape, falls back to eager on failure). "
+        "None: on CUDA devices.",
     )
 
 
@@ -127,14 +148,34 @@ class TransformersEngine(Engine):
         self._rng = random.Random(config.seed)
         self._pending: deque[_Row] = deque()
         self._running: list[_Row] = []
-        self._cache: DynamicCache | None = None
-        self._attention: torch.Tensor | None = None
+        self._batch = self._make_batch(model, config)
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         # Held around every forward step, so weights never change in the middle of one.
         self._model_lock = asyncio.Lock()
         self._asleep = False
         self.weights_version: str | None = None
+
+    def _make_batch(self, model: PreTrainedModel, config: TransformersEngineConfig) -> KVBatch:
+        mode = config.decode
+        problem = slots_unsupported(model)
+        if mode == "auto":
+            mode = "slots" if self._device.type != "cpu" and problem is None else "padded"
+        if mode == "slots":
+            if problem is not None:
+                raise ValueError(f"decode='slots': {type(model).__name__} cannot, {problem}")
+            compile_step = config.compile
+            if compile_step is None:
+                compile_step = self._device.type == "cuda"
+            logger.info("%s: slot decoding (compiled: %s)", config.name, compile_step)
+            return SlotBatch(
+                model, self._device, max_slots=config.max_batch_size, compile=compile_step
+            )
+        if model.config._attn_implementation == "flex_attention":
+            # A trainer's choice for packed rows; decoding a padded batch with it would compile
+            # a kernel per new shape.
+            model.set_attn_implementation("sdpa")
+        return PaddedBatch(model, self._device)
 
     @classmethod
     def from_pretrained(
@@ -165,7 +206,7 @@ class TransformersEngine(Engine):
             row.resolve("abort", "engine closed")
         self._running.clear()
         self._pending.clear()
-        self._reset_batch()
+        self._batch.release()
 
     def kv_stats(self) -> KVStats:
         return KVStats(
@@ -213,7 +254,7 @@ class TransformersEngine(Engine):
         assert self._wakeup is not None
         while True:
             self._running = [row for row in self._running if not row.future.done()]
-            if len(self._running) < self._batch_rows():
+            if len(self._running) < self._batch.rows:
                 self._reset_batch()  # a caller cancelled: rebuild without its row
             joined = self._admit()
             if not self._running:
@@ -222,7 +263,7 @@ class TransformersEngine(Engine):
                 await self._wakeup.wait()
                 continue
             try:
-                if self._cache is None or (joined and not self._can_join()):
+                if not self._batch.rows or (joined and not self._batch.can_join()):
                     await self._step(list(self._running), self._prefill)
                 elif joined:
                     await self._step(joined, self._join)
@@ -267,9 +308,6 @@ class TransformersEngine(Engine):
         finally:
             torch.set_num_threads(previous)
 
-    def _batch_rows(self) -> int:
-        return 0 if self._attention is None else int(self._attention.shape[0])
-
     def _admit(self) -> list[_Row]:
         """Move waiting requests into the batch while they fit; returns the ones moved."""
         reserved = sum(row.reserved for row in self._running)
@@ -288,101 +326,29 @@ class TransformersEngine(Engine):
         return admitted
 
     def _reset_batch(self) -> None:
-        self._cache = None
-        self._attention = None
+        self._batch.clear()
 
     def _select(self, rows: list[int]) -> None:
-        """Keep (or copy) the batch rows ``rows``, in that order, in the cache and the mask."""
-        assert self._cache is not None
-        assert self._attention is not None
-        index = torch.tensor(rows, dtype=torch.long, device=self._device)
-        self._cache.batch_select_indices(index)
-        self._attention = self._attention[index]
+        """Keep the batch rows ``rows``, in that order."""
+        self._batch.keep(rows)
+
+    @staticmethod
+    def _contexts(rows: list[_Row]) -> tuple[list[tuple[int, ...]], list[int]]:
+        return [(*row.request.prompt_ids, *row.tokens) for row in rows], [r.reserved for r in rows]
 
     @torch.inference_mode()
     def _prefill(self, rows: list[_Row]) -> tuple[list[int], list[float]]:
-        # Rows with the same context (the samples of one prompt, in RL) are computed once and
-        # their keys and values copied: most of an RL step's prefill is its repeated prompts.
-        first: dict[tuple[int, ...], int] = {}
-        source = [
-            first.setdefault((*row.request.prompt_ids, *row.tokens), len(first)) for row in rows
-        ]
-        sequences = list(first)
-        width = max(len(sequence) for sequence in sequences)
-        input_ids = torch.zeros((len(sequences), width), dtype=torch.long)
-        attention = torch.zeros((len(sequences), width), dtype=torch.long)
-        for index, sequence in enumerate(sequences):
-            input_ids[index, width - len(sequence) :] = torch.tensor(sequence)
-            attention[index, width - len(sequence) :] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        self._cache = DynamicCache(config=self.model.config)
-        self._attention = attention.to(self._device)
-        logits = self._logits(input_ids, positions)
-        if len(sequences) < len(rows):
-            self._select(source)
-            logits = logits[torch.tensor(source, device=logits.device)]
-        return self._sample(rows, logits)
-
-    @torch.inference_mode()
-    def _decode(self, rows: list[_Row]) -> tuple[list[int], list[float]]:
-        assert self._attention is not None
-        input_ids = torch.tensor([[row.tokens[-1]] for row in rows])
-        positions = torch.tensor([[row.length - 1] for row in rows])
-        ones = torch.ones((len(rows), 1), dtype=torch.long, device=self._device)
-        self._attention = torch.cat([self._attention, ones], dim=-1)
-        return self._sample(rows, self._logits(input_ids, positions))
-
-    def _can_join(self) -> bool:
-        """Whether new rows can be prefilled alone and appended to the cached batch: every
-        layer's cache is a plain growing tensor (a sliding-window or other cache is re-prefilled
-        with the whole batch instead)."""
-        return self._cache is not None and all(
-            type(layer) is DynamicLayer for layer in self._cache.layers
-        )
+        return self._sample(rows, self._batch.start(*self._contexts(rows)))
 
     @torch.inference_mode()
     def _join(self, rows: list[_Row]) -> tuple[list[int], list[float]]:
-        """Prefill ``rows`` (the last rows of ``_running``) alone and append them to the batch;
-        the running rows keep their cache, so a rollout back from a tool call costs its own
-        prefill, not the whole batch's. Both sides are left-padded to the longer one."""
-        cache, attention = self._cache, self._attention
-        assert cache is not None
-        assert attention is not None
-        out = self._prefill(rows)
-        joined, joined_attention = self._cache, self._attention
-        assert joined is not None
-        assert joined_attention is not None
-        width = max(attention.shape[1], joined_attention.shape[1])
+        """Prefill ``rows`` (the last rows of ``_running``) alone and add them to the batch."""
+        return self._sample(rows, self._batch.join(*self._contexts(rows)))
 
-        def left_pad(tensor: torch.Tensor, dim_from_end: int) -> torch.Tensor:
-            missing = width - tensor.shape[-dim_from_end]
-            return torch.nn.functional.pad(tensor, (0, 0) * (dim_from_end - 1) + (missing, 0))
-
-        for mine, theirs in zip(cache.layers, joined.layers, strict=True):
-            assert isinstance(mine, DynamicLayer)  # checked by _can_join
-            assert isinstance(theirs, DynamicLayer)
-            assert mine.keys is not None
-            assert mine.values is not None
-            assert theirs.keys is not None
-            assert theirs.values is not None
-            mine.keys = torch.cat([left_pad(mine.keys, 2), left_pad(theirs.keys, 2)])
-            mine.values = torch.cat([left_pad(mine.values, 2), left_pad(theirs.values, 2)])
-        self._cache = cache
-        self._attention = torch.cat([left_pad(attention, 1), left_pad(joined_attention, 1)])
-        return out
-
-    def _logits(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The next-token logits of every batch row, ``[rows, vocab]``; extends the cache."""
-        output = self.model(
-            input_ids=input_ids.to(self._device),
-            attention_mask=self._attention,
-            position_ids=positions.to(self._device),
-            past_key_values=self._cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits: torch.Tensor = output.logits[:, -1, :]
-        return logits
+    @torch.inference_mode()
+    def _decode(self, rows: list[_Row]) -> tuple[list[int], list[float]]:
+        tokens = [row.tokens[-1] for row in rows]
+        return self._sample(rows, self._batch.step(tokens, [row.length - 1 for row in rows]))
 
     def _sample(self, rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         return sample_next(
@@ -436,7 +402,7 @@ class TransformersEngine(Engine):
                 f"{len(self._pending)} waiting requests"
             )
         async with self._model_lock:
-            self._reset_batch()
+            self._batch.release()
             if self._device.type != "cpu":
                 self.model.to(torch.device("cpu"))  # type: ignore[arg-type]
             self._asleep = True

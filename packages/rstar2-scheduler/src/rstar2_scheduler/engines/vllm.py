@@ -1,27 +1,40 @@
 """vLLM's in-process async engine (``AsyncLLM``) behind the ``Engine`` interface.
 
-Needs the optional extra: ``pip install "rstar2-scheduler[vllm]"``; vLLM is imported on ``start``.
+Needs the optional extra: ``pip install "rstar2-scheduler[vllm]"`` (vLLM >= 0.32, < 0.34); vLLM
+is imported on ``start``.
 
-What has been run: this module is written and type-checked against vLLM 0.32.0's API
-(``AsyncLLM.from_engine_args``, ``generate`` with ``TokensPrompt``, ``StatLoggerBase``,
-``reset_prefix_cache``, ``sleep``/``wake_up``, the weight-transfer calls), and vLLM 0.32.0 imports
-on a CPU-only machine. What has not: no GPU with vLLM was available, so no model has been loaded
-or served through this class, and its generation, statistics, weight updates and sleep/wake are
-untested.
+Weights reach vLLM's workers the way verl and TRL bring them: through a worker extension
+(``vllm_worker.WeightSyncExtension``, passed as ``worker_extension_cls``) that ``collective_rpc``
+reaches on every tensor-parallel rank, and that loads each bucket with the model's own
+``load_weights``. That path accepts any subset of the weights per bucket and loads fused layers
+(q/k/v, gate/up) part by part. vLLM's native ``update_weights`` is not used: its CUDA-IPC
+arguments do not pass its own msgpack encoder without ``VLLM_ALLOW_INSECURE_SERIALIZATION``, and
+its layer-wise reload rebuilds a fused layer that one cycle loaded only in part from
+uninitialised memory. The bucket's tensors are packed into one buffer per worker GPU, shared by
+CUDA IPC (``vllm_wire``), and described by plain records that vLLM's encoder accepts.
 
-Weights reach the engine through vLLM's CUDA-IPC weight-transfer backend: the trainer's tensors
-(on a GPU of the same node) are shared by handle in buckets, never written to disk. Engines on
-other nodes need vLLM's NCCL backend, which is driven from the trainer's process group.
+One ``update_weights`` call is one sync: it wakes the weights if the engine sleeps, holds
+scheduling while buckets load (requests in flight continue afterwards, recomputed under the new
+weights), then resets the prefix cache and records the version. In colocated training call
+``sleep(2)`` (weights discarded), ``update_weights`` (the weights wake first, the KV cache stays
+asleep) and then ``wake_up()`` (the KV cache), as verl and TRL do.
 
 Token ids go in and out unchanged. Log-probs are those of the sampled tokens; the engine is
 started with ``logprobs_mode="processed_logprobs"`` so they are temperature-scaled, matching what
 the trainer recomputes. KV statistics come from vLLM's own scheduler statistics through a stat
 logger: cache usage (``kv_cache_usage``), running and waiting requests, preemptions.
+
+What has been run: this module is type-checked against vLLM 0.32.0 and 0.33.0 (mypy with vLLM's
+own annotations); the sync payload is encoded with vLLM's own encoder, and the sync plan, sleep
+and wake are run against a stand-in for ``AsyncLLM`` that applies vLLM's rules, on a CPU. No GPU
+with vLLM was available: no model has been served or synced through this class.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -37,6 +50,18 @@ from rstar2_scheduler.engine import (
     NamedTensors,
     SamplingParams,
 )
+from rstar2_scheduler.engines.vllm_sync import (
+    fused_members,
+    plan_buckets,
+    stage_bucket,
+)
+from rstar2_scheduler.engines.vllm_wire import (
+    BucketReport,
+    CudaIpcTransport,
+    Transport,
+    WorkerInfo,
+)
+from rstar2_scheduler.engines.vllm_worker import WORKER_EXTENSION, WeightSyncExtension
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -65,10 +90,19 @@ class VLLMEngineConfig(BaseModel):
     engine_args: dict[str, Any] = Field(
         default_factory=dict,
         description="More AsyncEngineArgs, e.g. gpu_memory_utilization, tensor_parallel_size, "
-        "enable_sleep_mode, enable_prefix_caching.",
+        "enable_sleep_mode, enable_prefix_caching. worker_extension_cls, when set, must name "
+        "WeightSyncExtension or a subclass of it.",
     )
-    weight_bucket_mb: int = Field(
-        default=512, gt=0, description="update_weights shares weights in buckets of this size."
+    weight_bucket_mb: float = Field(
+        default=512,
+        gt=0,
+        description="update_weights packs weights in buckets of about this size; each bucket "
+        "takes this much memory on every worker GPU while it loads.",
+    )
+    rpc_timeout_s: float | None = Field(
+        default=600.0,
+        gt=0,
+        description="Longest wait for the workers to load one bucket (None: no limit).",
     )
 
 
@@ -86,7 +120,7 @@ def _stat_logger_factory(sink: _Statistics) -> Any:
     """A vLLM per-engine stat logger factory that copies statistics into ``sink``."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class _KVStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untyped here
+    class _KVStatLogger(StatLoggerBase):  # type: ignore[misc,unused-ignore]  # Any without vLLM
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             self.engine_index = engine_index
 
@@ -129,29 +163,92 @@ def vllm_sampling_params(sampling: SamplingParams) -> Any:
     )
 
 
-def _ipc_args(tensor: torch.Tensor) -> tuple[Any, ...]:
-    """What another process needs to open ``tensor``'s CUDA memory (rebuild_cuda_tensor args)."""
-    from torch.multiprocessing.reductions import reduce_tensor
+def _check_extension(qualname: object) -> None:
+    """``worker_extension_cls`` must be rstar2's extension or a subclass: syncs go through it."""
+    if qualname == WORKER_EXTENSION:
+        return
+    expected = f"{WORKER_EXTENSION} or a subclass of it (weight syncs go through it)"
+    if not isinstance(qualname, str) or "." not in qualname:
+        raise ValueError(f"engine_args.worker_extension_cls: expected {expected}, got {qualname!r}")
+    module, _, attribute = qualname.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as missing:
+        raise ValueError(
+            f"engine_args.worker_extension_cls: cannot import {qualname!r}: {missing}"
+        ) from missing
+    if not (isinstance(found, type) and issubclass(found, WeightSyncExtension)):
+        raise ValueError(f"engine_args.worker_extension_cls: expected {expected}, got {qualname!r}")
 
-    args: tuple[Any, ...] = reduce_tensor(tensor)[1]  # type: ignore[no-untyped-call]
-    return args
+
+def engine_arguments(config: VLLMEngineConfig) -> dict[str, Any]:
+    """The ``AsyncEngineArgs`` fields ``VLLMEngine`` starts vLLM with: the config's, the
+    log-prob mode and worker extension weight syncs need, and, with several ranks, workers as
+    child processes."""
+    arguments: dict[str, Any] = {"logprobs_mode": "processed_logprobs", **config.engine_args}
+    _check_extension(arguments.setdefault("worker_extension_cls", WORKER_EXTENSION))
+    ranks = int(arguments.get("tensor_parallel_size") or 1) * int(
+        arguments.get("pipeline_parallel_size") or 1
+    )
+    if ranks > 1:
+        # In a Ray placement group vLLM would start its workers as Ray actors on GPUs of their
+        # own; as child processes they run on this process's GPUs, where the synced buffers are.
+        arguments.setdefault("distributed_executor_backend", "mp")
+    return arguments
+
+
+class WeightSyncStats(BaseModel):
+    """What the last ``update_weights`` moved, and how long it took."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tensors: int = Field(ge=0)
+    bytes: int = Field(ge=0, description="Bytes of the tensors (one copy).")
+    buckets: int = Field(ge=0)
+    ranks: int = Field(ge=0, description="vLLM workers that loaded every bucket.")
+    gpus: int = Field(ge=0, description="GPUs a copy of each bucket was staged on.")
+    seconds: float = Field(ge=0, description="Wall time of the whole sync.")
+    version: str | None = None
+
+
+_ALL_TAGS = frozenset({"weights", "kv_cache"})
+"""What vLLM's sleep frees (its executor's sleep tags)."""
 
 
 class VLLMEngine(Engine):
     """Generates with an in-process vLLM ``AsyncLLM``; takes RL weights and sleeps for colocation
-    (start vLLM with ``enable_sleep_mode`` in ``engine_args`` for ``sleep``)."""
+    (start vLLM with ``enable_sleep_mode`` in ``engine_args`` for ``sleep``).
+
+    ``llm``: an ``AsyncLLM`` built elsewhere, started with ``worker_extension_cls`` set to
+    ``WORKER_EXTENSION`` (``engine_arguments`` gives every field this class sets). ``transport``:
+    how weight buckets are shared with the workers (CUDA IPC).
+    """
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {"update_weights", "reset_prefix_cache", "sleep"}
     )
 
-    def __init__(self, config: VLLMEngineConfig) -> None:
+    def __init__(
+        self,
+        config: VLLMEngineConfig,
+        *,
+        llm: AsyncLLM | None = None,
+        transport: Transport | None = None,
+    ) -> None:
         self.config = config
         self.name = config.name
         self._llm: AsyncLLM | None = None
+        self._transport: Transport = transport if transport is not None else CudaIpcTransport()
         self._stats = _Statistics()
         self._capacity = 0
-        self._transfer_ready = False
+        self._workers: list[WorkerInfo] | None = None
+        self._asleep: set[str] = set()
+        self._discarded: str | None = None  # why the weights are not whole, if they are not
+        self._in_flight = 0
+        self.weights_version: str | None = None
+        self.last_sync: WeightSyncStats | None = None
+        if llm is not None:
+            self._attach(llm)
 
     @property
     def llm(self) -> AsyncLLM:
@@ -160,6 +257,16 @@ class VLLMEngine(Engine):
             raise RuntimeError(f"{self.name}: call start() first")
         return self._llm
 
+    @property
+    def asleep(self) -> frozenset[str]:
+        """What is asleep: "weights", "kv_cache", both or neither."""
+        return frozenset(self._asleep)
+
+    def _attach(self, llm: AsyncLLM) -> None:
+        self._llm = llm
+        cache = llm.vllm_config.cache_config
+        self._capacity = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+
     async def start(self) -> None:
         if self._llm is not None:
             return
@@ -167,20 +274,15 @@ class VLLMEngine(Engine):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        arguments = {
-            "logprobs_mode": "processed_logprobs",
-            "weight_transfer_config": {"backend": "ipc"},
-            **self.config.engine_args,
-        }
-        engine_args = AsyncEngineArgs(model=self.config.model, **arguments)
-        self._llm = AsyncLLM.from_engine_args(
-            engine_args, stat_loggers=[_stat_logger_factory(self._stats)]
+        engine_args = AsyncEngineArgs(model=self.config.model, **engine_arguments(self.config))
+        self._attach(
+            AsyncLLM.from_engine_args(engine_args, stat_loggers=[_stat_logger_factory(self._stats)])
         )
-        cache = self._llm.vllm_config.cache_config
-        self._capacity = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
 
     async def close(self) -> None:
         llm, self._llm = self._llm, None
+        self._workers = None
+        self._asleep.clear()
         if llm is not None:
             llm.shutdown()
 
@@ -193,12 +295,27 @@ class VLLMEngine(Engine):
             preemptions=self._stats.preemptions,
         )
 
+    def _refusal(self) -> str | None:
+        """Why a request cannot run now, or None."""
+        if self._asleep:
+            return f"engine {self.name!r} is asleep ({sorted(self._asleep)}); call wake_up() first"
+        if self._discarded is not None:
+            return (
+                f"engine {self.name!r}: {self._discarded}; update_weights must bring every "
+                "weight before it generates"
+            )
+        return None
+
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         await self.start()
+        refusal = self._refusal()
+        if refusal is not None:
+            return GenerationResult.failed(request.request_id, refusal)
         from vllm import TokensPrompt
 
         params = vllm_sampling_params(request.sampling)
         final = None
+        self._in_flight += 1
         try:
             async for output in self.llm.generate(
                 TokensPrompt(prompt_token_ids=list(request.prompt_ids)),
@@ -211,20 +328,23 @@ class VLLMEngine(Engine):
             return GenerationResult.failed(
                 request.request_id, f"{type(failure).__name__}: {failure}"
             )
+        finally:
+            self._in_flight -= 1
         if final is None or not final.outputs:
             return GenerationResult.failed(request.request_id, "vLLM returned no output")
         completion = final.outputs[0]
         token_ids = [int(token) for token in completion.token_ids]
-        logprobs = [
-            float(position[token].logprob)
-            for position, token in zip(completion.logprobs or [], token_ids, strict=False)
-        ]
+        logprobs: list[float] = []
+        for position, token in zip(completion.logprobs or [], token_ids, strict=False):
+            if position is None or token not in position:
+                break
+            logprobs.append(float(position[token].logprob))
         reason = _FINISH.get(str(completion.finish_reason))
         if reason is None or len(logprobs) != len(token_ids):
             return GenerationResult.failed(
                 request.request_id,
                 f"unexpected vLLM output: finish_reason {completion.finish_reason!r}, "
-                f"{len(token_ids)} tokens, {len(logprobs)} log-probs",
+                f"{len(token_ids)} tokens, {len(logprobs)} log-probs of sampled tokens",
             )
         return GenerationResult(
             request_id=request.request_id,
@@ -233,61 +353,200 @@ class VLLMEngine(Engine):
             finish_reason=reason,
         )
 
+    async def _rpc(self, method: str, **kwargs: Any) -> list[Any]:
+        results = await self.llm.collective_rpc(
+            method, timeout=self.config.rpc_timeout_s, kwargs=kwargs
+        )
+        return list(results)
+
+    async def workers(self) -> list[WorkerInfo]:
+        """Each vLLM worker's rank, GPU and model facts (asked once, from the extension)."""
+        if self._workers is None:
+            try:
+                replies = await self._rpc("rstar2_worker_info")
+            except (AttributeError, NotImplementedError) as missing:
+                raise RuntimeError(
+                    f"{self.name}: vLLM's workers lack rstar2's weight-sync extension; start "
+                    f"vLLM with worker_extension_cls={WORKER_EXTENSION!r}"
+                ) from missing
+            workers = sorted(
+                (WorkerInfo.model_validate(reply) for reply in replies), key=lambda w: w.rank
+            )
+            if not workers:
+                raise RuntimeError(f"{self.name}: vLLM reported no workers")
+            self._workers = workers
+        return self._workers
+
+    def _targets(self, workers: list[WorkerInfo]) -> dict[str, torch.device]:
+        """The GPUs to stage each bucket on: every worker's, as this process sees them."""
+        local = self._transport.local_devices()
+        unseen = [w for w in workers if w.device_uuid not in local]
+        if unseen:
+            raise RuntimeError(
+                f"{self.name}: vLLM worker rank(s) {[w.rank for w in unseen]} run on GPU(s) "
+                f"{sorted({w.device_uuid for w in unseen})}, which this process cannot see "
+                f"(it sees {sorted(local)}); weights are shared by CUDA IPC, so the engine's "
+                "process must see every worker's GPU"
+            )
+        return {w.device_uuid: local[w.device_uuid] for w in workers}
+
+    async def _wake(self, tags: set[str]) -> None:
+        """Wake ``tags`` (of those asleep) and check vLLM's answer: fully awake exactly when
+        nothing else is left asleep."""
+        waking = sorted(tags & self._asleep)
+        if not waking:
+            return
+        fully_awake = await self.llm.wake_up(waking)
+        self._asleep -= set(waking)
+        if bool(fully_awake) != (not self._asleep):
+            raise RuntimeError(
+                f"{self.name}: vLLM answered fully_awake={fully_awake} after waking {waking}, "
+                f"while {sorted(self._asleep) or 'nothing'} should still be asleep"
+            )
+
     async def update_weights(self, weights: NamedTensors, *, version: str | None = None) -> None:
-        """Share ``weights`` with vLLM's workers by CUDA IPC handle, bucket by bucket, then drop
-        the stale prefix cache. The tensors must be on (or are copied to) this node's GPU."""
-        from vllm.distributed.weight_transfer.base import (
-            WeightTransferInitRequest,
-            WeightTransferUpdateRequest,
+        """One sync: wake the weights if they sleep (the KV cache stays asleep for
+        ``wake_up``), hold scheduling, load ``weights`` bucket by bucket on every worker, then
+        reset the prefix cache, record ``version`` and resume scheduling.
+
+        After ``sleep(level=2)`` (or a failed sync) the call must bring every parameter;
+        otherwise any subset loads. The tensors may live on any device of this process.
+        """
+        started = time.perf_counter()
+        llm = self.llm
+        await self._wake({"weights"})
+        workers = await self.workers()
+        quantized = sorted({w.quantization for w in workers if w.quantization})
+        if quantized:
+            raise self._unsupported(
+                f"update weights of a {', '.join(quantized)}-quantized model: weights load "
+                "through load_weights, which does not quantize them again"
+            )
+        targets = self._targets(workers)
+        members = fused_members(workers[0].packed_modules)
+        limit = max(1, round(self.config.weight_bucket_mb * 2**20))
+        loaded: dict[int, set[str] | None] = {w.rank: set() for w in workers}
+        tensors = nbytes = buckets = 0
+        paused = not self._asleep  # while anything sleeps, vLLM's scheduler is paused already
+        if paused:
+            await llm.pause_generation(mode="keep", clear_cache=False)
+        try:
+            for bucket in plan_buckets(weights, limit_bytes=limit, members=members):
+                staged = stage_bucket(buckets, bucket, targets, self._transport)
+                replies = await self._rpc("rstar2_load_weights", bucket=staged.payload.model_dump())
+                self._record_loads(buckets, len(bucket), workers, replies, loaded)
+                tensors += len(bucket)
+                nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+                buckets += 1
+                del staged, bucket  # every worker has loaded it: its buffers may go
+            self._transport.collect()
+            self._check_complete(workers, loaded)
+            await self.reset_prefix_cache()
+            if version is not None:
+                await llm.update_weight_version(version)
+        except BaseException:
+            if buckets and self._discarded is None:
+                self._discarded = f"a weight sync failed after {buckets} bucket(s) had loaded"
+            raise
+        finally:
+            if paused:
+                await llm.resume_generation()
+        self.weights_version = version if version is not None else self.weights_version
+        self.last_sync = WeightSyncStats(
+            tensors=tensors,
+            bytes=nbytes,
+            buckets=buckets,
+            ranks=len(workers),
+            gpus=len(targets),
+            seconds=time.perf_counter() - started,
+            version=version,
+        )
+        logger.info(
+            "%s: synced %d tensors (%.1f MB) in %d bucket(s) to %d rank(s) in %.2f s",
+            self.name,
+            tensors,
+            nbytes / 2**20,
+            buckets,
+            len(workers),
+            self.last_sync.seconds,
         )
 
-        if not torch.cuda.is_available():
-            raise self._unsupported("update weights without a CUDA device on this node")
-        llm = self.llm
-        if not self._transfer_ready:
-            request = WeightTransferInitRequest(init_info={"packed": False})
-            await llm.init_weight_transfer_engine(request)
-            self._transfer_ready = True
-        device = torch.cuda.current_device()
-        gpu = str(torch.cuda.get_device_properties(device).uuid)
-        limit = self.config.weight_bucket_mb * 2**20
-        await llm.start_weight_update()
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
+    def _record_loads(
+        self,
+        bucket: int,
+        size: int,
+        workers: list[WorkerInfo],
+        replies: list[Any],
+        loaded: dict[int, set[str] | None],
+    ) -> None:
+        """Check every worker read the whole bucket; note which parameters it wrote."""
+        reports = [BucketReport.model_validate(reply) for reply in replies]
+        ranks = sorted(report.rank for report in reports)
+        if ranks != [w.rank for w in workers]:
+            raise RuntimeError(
+                f"{self.name}: bucket {bucket} was answered by ranks {ranks}, "
+                f"expected {[w.rank for w in workers]}"
+            )
+        for report in reports:
+            if report.bucket != bucket or report.received != size:
+                raise RuntimeError(
+                    f"{self.name}: rank {report.rank} read {report.received} tensors of bucket "
+                    f"{report.bucket}; expected {size} of bucket {bucket}"
+                )
+            written = loaded[report.rank]
+            if report.loaded is None:
+                loaded[report.rank] = None
+            elif written is not None:
+                written.update(report.loaded)
 
-        async def flush() -> None:
-            nonlocal bucket, size
-            if not bucket:
-                return
-            torch.cuda.synchronize(device)  # the copies must land before vLLM reads them
-            info = {
-                "names": [name for name, _ in bucket],
-                "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                "shapes": [list(t.shape) for _, t in bucket],
-                "ipc_handles": [{gpu: _ipc_args(tensor)} for _, tensor in bucket],
-            }
-            await llm.update_weights(WeightTransferUpdateRequest(update_info=info))
-            bucket, size = [], 0  # vLLM has copied them: the shared tensors may go
-
-        for name, tensor in weights:
-            shared = tensor.detach().to(device, non_blocking=True).contiguous()
-            bucket.append((name, shared))
-            size += shared.numel() * shared.element_size()
-            if size >= limit:
-                await flush()
-        await flush()
-        await llm.finish_weight_update(version)
-        await self.reset_prefix_cache()
+    def _check_complete(
+        self, workers: list[WorkerInfo], loaded: dict[int, set[str] | None]
+    ) -> None:
+        """After discarded weights, every parameter of every rank must have been written."""
+        if self._discarded is None:
+            return
+        for worker in workers:
+            written = loaded[worker.rank]
+            if written is None:
+                logger.warning(
+                    "%s: rank %d's model does not report what it loads; cannot check that the "
+                    "sync replaced every discarded weight",
+                    self.name,
+                    worker.rank,
+                )
+                continue
+            missing = sorted(set(worker.parameters) - written)
+            if missing:
+                shown = ", ".join(missing[:8]) + (", ..." if len(missing) > 8 else "")
+                raise RuntimeError(
+                    f"{self.name}: {self._discarded}, and this sync left {len(missing)} "
+                    f"parameter(s) of rank {worker.rank} without weights: {shown}"
+                )
+        self._discarded = None
 
     async def reset_prefix_cache(self) -> None:
-        """Forget cached prefixes (they were computed with the old weights)."""
-        await self.llm.reset_prefix_cache()
+        """Forget cached prefixes (they were computed with the old weights). Running requests
+        are preempted and recomputed, so the reset cannot be skipped while they run."""
+        if not await self.llm.reset_prefix_cache(reset_running_requests=True):
+            raise RuntimeError(f"{self.name}: vLLM could not reset its prefix cache")
 
     async def sleep(self, level: int = 1) -> None:
-        """Free GPU memory for colocated training (level 1 offloads weights, 2 discards them)."""
+        """Free GPU memory for colocated training: level 1 offloads the weights to host memory,
+        level 2 discards them (the next ``update_weights`` must bring all of them). The KV
+        cache is discarded at both levels. Refused while requests run (vLLM would abort them)."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if self._asleep:
+            raise RuntimeError(f"engine {self.name!r} is already asleep ({sorted(self._asleep)})")
+        if self._in_flight:
+            raise RuntimeError(
+                f"engine {self.name!r} cannot sleep with {self._in_flight} requests in flight"
+            )
         await self.llm.sleep(level)
+        self._asleep = set(_ALL_TAGS)
+        if level == 2:
+            self._discarded = "sleep(level=2) discarded the weights"
 
-    async def wake_up(self, tags: list[str] | None = None) -> None:
-        """Reload what ``sleep`` freed (``tags``: e.g. ["weights"] or ["kv_cache"]; all when
-        None)."""
-        await self.llm.wake_up(tags)
+    async def wake_up(self) -> None:
+        """Take back what ``sleep`` freed (what ``update_weights`` has not woken already)."""
+        await self._wake(set(_ALL_TAGS))

@@ -1,6 +1,11 @@
-"""The agent protocol: chat template, tool calls, tool responses and append-only conversations."""
+"""The agent protocol's mechanics: rendering and tokenizing turns, parsing tool calls,
+formatting tool responses, append-only conversations.
 
-from rstar2_scheduler.protocol.answers import count_answer_tags
+The protocol's text and types (tags, system prompt, chat template, ``ToolCall``) live in
+``rstar2_data.protocol``; the names users of the scheduler need are re-exported here.
+"""
+
+from rstar2_data.protocol import FunctionCall, ToolCall, count_answer_tags
 from rstar2_scheduler.protocol.chat import ChatConfig, ChatProtocol, Message, TemplateError
 from rstar2_scheduler.protocol.conversation import Conversation, Glue
 from rstar2_scheduler.protocol.prefix import check_prefix_preserving
@@ -8,6 +13,8 @@ from rstar2_scheduler.protocol.template import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
     CHAT_TEMPLATE,
+    DEFAULT_SYSTEM_PROMPT,
+    PROTOCOL_TAGS,
     REASON_CLOSE,
     REASON_OPEN,
     SPECIAL_TOKENS,
@@ -15,12 +22,14 @@ from rstar2_scheduler.protocol.template import (
     TOOL_CALL_OPEN,
     TOOL_RESPONSE_CLOSE,
     TOOL_RESPONSE_OPEN,
+    TOOLS_CLOSE,
+    TOOLS_OPEN,
     TURN_END,
     TURN_START,
     install_chat_template,
     user_prompt,
 )
-from rstar2_scheduler.protocol.tool_calls import ParsedTurn, ToolCall, ToolCallParser
+from rstar2_scheduler.protocol.tool_calls import ParsedTurn, ToolCallParser
 from rstar2_scheduler.protocol.tool_response import (
     DEFAULT_TOOL_OUTPUT_CHARS,
     ToolOutputFormatter,
@@ -36,10 +45,14 @@ __all__ = [
     "ANSWER_CLOSE",
     "ANSWER_OPEN",
     "CHAT_TEMPLATE",
+    "DEFAULT_SYSTEM_PROMPT",
     "DEFAULT_TOOL_OUTPUT_CHARS",
+    "PROTOCOL_TAGS",
     "REASON_CLOSE",
     "REASON_OPEN",
     "SPECIAL_TOKENS",
+    "TOOLS_CLOSE",
+    "TOOLS_OPEN",
     "TOOL_CALL_CLOSE",
     "TOOL_CALL_OPEN",
     "TOOL_RESPONSE_CLOSE",
@@ -50,6 +63,7 @@ __all__ = [
     "ChatProtocol",
     "Conversation",
     "EncodedTranscript",
+    "FunctionCall",
     "Glue",
     "Message",
     "ParsedTurn",

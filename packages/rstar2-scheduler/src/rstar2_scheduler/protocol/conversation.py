@@ -41,15 +41,26 @@ class Conversation:
         """Prompt and response ids so far: the next generation's prompt."""
         return self.prompt_ids + self.response_ids
 
-    def add_model_turn(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> str:
-        """Append one generated turn; returns its text (without the end-of-turn token)."""
-        if len(token_ids) != len(logprobs):
+    def add_model_turn(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        loss_mask: Sequence[int] | None = None,
+    ) -> str:
+        """Append one generated turn; returns its text (without the end-of-turn token).
+
+        Model tokens get mask 1 unless ``loss_mask`` (one per token) says otherwise: a token the
+        engine has no sampling log-prob for is not trained on.
+        """
+        if len(token_ids) != len(logprobs) or (
+            loss_mask is not None and len(loss_mask) != len(token_ids)
+        ):
             raise ValueError(
-                f"a model turn needs one log-prob per token: {len(token_ids)} tokens, "
-                f"{len(logprobs)} log-probs"
+                f"a model turn needs one log-prob (and mask entry) per token: {len(token_ids)} "
+                f"tokens, {len(logprobs)} log-probs"
             )
         self.response_ids += token_ids
-        self.loss_mask += [1] * len(token_ids)
+        self.loss_mask += [1] * len(token_ids) if loss_mask is None else loss_mask
         self.logprobs += logprobs
         self.text += self.chat.decode(token_ids)
         body = (

@@ -1,43 +1,54 @@
-"""rstar2's chat template and the tags of the agent protocol.
+"""Installing rstar2's chat template on a tokenizer.
 
-One template (``chat_template.jinja``) renders SFT transcripts (assistant messages with
-structured ``tool_calls``, ``tool`` messages), RL rollouts (raw assistant text) and evaluation
-prompts, so training and evaluation see the same text.
+The template and the protocol's text (chat markers, tags, system prompt, user turn) live in
+rstar2-data (``rstar2_data.protocol``), the one definition that SFT data, rollouts and evaluation
+share; they are re-exported here for the scheduler's users.
 """
 
 from __future__ import annotations
 
-from importlib.resources import files
-
 from transformers import PreTrainedTokenizerBase
 
-TURN_START = "<|im_start|>"
-TURN_END = "<|im_end|>"
-SPECIAL_TOKENS: tuple[str, ...] = (TURN_START, TURN_END)
-
-REASON_OPEN = "<reason>"
-REASON_CLOSE = "</reason>"
-ANSWER_OPEN = "<answer>"
-ANSWER_CLOSE = "</answer>"
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-TOOL_RESPONSE_OPEN = "<tool_response>"
-TOOL_RESPONSE_CLOSE = "</tool_response>"
-
-CHAT_TEMPLATE: str = (
-    files("rstar2_scheduler.protocol").joinpath("chat_template.jinja").read_text("utf-8")
+from rstar2_data.protocol import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    CHAT_TEMPLATE,
+    DEFAULT_SYSTEM_PROMPT,
+    PROTOCOL_TAGS,
+    REASON_CLOSE,
+    REASON_OPEN,
+    SPECIAL_TOKENS,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    TOOL_RESPONSE_CLOSE,
+    TOOL_RESPONSE_OPEN,
+    TOOLS_CLOSE,
+    TOOLS_OPEN,
+    TURN_END,
+    TURN_START,
+    user_prompt,
 )
 
-
-def user_prompt(problem: str) -> str:
-    """The user turn for one problem: the statement and how to present the answer.
-
-    SFT data must wrap its user messages with this too, so that training and rollouts match.
-    """
-    return (
-        f"{problem}\n\nPut the final answer inside {ANSWER_OPEN} {ANSWER_CLOSE}, with the final "
-        "result in \\boxed{}."
-    )
+__all__ = [
+    "ANSWER_CLOSE",
+    "ANSWER_OPEN",
+    "CHAT_TEMPLATE",
+    "DEFAULT_SYSTEM_PROMPT",
+    "PROTOCOL_TAGS",
+    "REASON_CLOSE",
+    "REASON_OPEN",
+    "SPECIAL_TOKENS",
+    "TOOLS_CLOSE",
+    "TOOLS_OPEN",
+    "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
+    "TOOL_RESPONSE_CLOSE",
+    "TOOL_RESPONSE_OPEN",
+    "TURN_END",
+    "TURN_START",
+    "install_chat_template",
+    "user_prompt",
+]
 
 
 def install_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:

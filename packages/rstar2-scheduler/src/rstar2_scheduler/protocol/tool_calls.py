@@ -1,6 +1,6 @@
 """Finding and parsing the tool call of one assistant turn.
 
-Only the first ``<tool_call>`` of a turn is executed. A call that does not parse (bad JSON, wrong
+Only the first tool-call block of a turn is executed. A call that does not parse (bad JSON, wrong
 tool, missing or mistyped arguments) is not executed: its error text becomes the tool response,
 so the model can correct itself, and it counts as a failed tool call.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rstar2_scheduler.protocol.template import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from rstar2_data.protocol import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall
 
 _CALL = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
 _JSON_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -26,22 +26,15 @@ _JSON_TYPES: dict[str, type | tuple[type, ...]] = {
 }
 
 
-class ToolCall(BaseModel):
-    """A tool call that parsed and matches the tool's schema."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    arguments: dict[str, Any]
-
-
 class ParsedTurn(BaseModel):
     """What the tool-call parser found in one assistant turn."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     attempted: bool = Field(description="The turn contains a tool-call opening tag.")
-    call: ToolCall | None = Field(default=None, description="The first call, when it parsed.")
+    call: ToolCall | None = Field(
+        default=None, description="The first call, when it parsed and matches the tool's schema."
+    )
     error: str | None = Field(default=None, description="Why the first call did not parse.")
     ignored_calls: int = Field(default=0, ge=0, description="Further calls, never executed.")
 
@@ -97,7 +90,7 @@ class ToolCallParser:
         if not isinstance(arguments, dict):
             raise ValueError("the tool call's arguments must be a JSON object")
         self._check_arguments(name, arguments)
-        return ToolCall(name=name, arguments=arguments)
+        return ToolCall.of(name, arguments)
 
     def _check_arguments(self, name: str, arguments: dict[str, Any]) -> None:
         schema = self._schemas[name]

@@ -7,7 +7,7 @@ production ``RolloutScheduler`` unchanged over the same planned rollouts.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import NamedTuple
 
@@ -226,3 +226,59 @@ def run_benchmark(
         bound=lower_bound(plans, config.engine_config, config.engines),
         runs=runs,
     )
+
+
+class SweepPoint(BaseModel):
+    """static against kv-aware (live admission) on one workload of a sweep."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engines: int
+    prompts: int
+    rollouts: int
+    seed: int
+    static_s: float = Field(description="Makespan under the static split.")
+    kv_aware_s: float = Field(description="Makespan under kv-aware (live admission).")
+    bound_s: float = Field(description="The workload's lower bound.")
+
+    @property
+    def speedup(self) -> float:
+        """static makespan / kv-aware makespan: above 1, kv-aware is faster."""
+        return self.static_s / self.kv_aware_s
+
+
+def run_sweep(
+    config: BenchConfig,
+    prompts: Sequence[int],
+    seeds: Sequence[int],
+    *,
+    on_point: Callable[[SweepPoint], None] | None = None,
+) -> list[SweepPoint]:
+    """static and kv-aware on ``config``'s workload at every number of prompts and seed."""
+    points: list[SweepPoint] = []
+    for count in prompts:
+        for seed in seeds:
+            workload = config.workload.model_copy(update={"prompts": count, "seed": seed})
+            report = run_benchmark(
+                config.model_copy(
+                    update={
+                        "workload": workload,
+                        "policies": ("static", "kv-aware"),
+                        "reservations": ("live",),
+                        "lockstep_baseline": False,
+                    }
+                )
+            )
+            point = SweepPoint(
+                engines=config.engines,
+                prompts=count,
+                rollouts=workload.rollouts,
+                seed=seed,
+                static_s=report.runs["static"].metrics.makespan_s,
+                kv_aware_s=report.runs["kv-aware"].metrics.makespan_s,
+                bound_s=report.bound.bound_s,
+            )
+            points.append(point)
+            if on_point is not None:
+                on_point(point)
+    return points

@@ -192,6 +192,7 @@ class SimEngine(Engine):
             running=len(self._batch.running),
             waiting=len(self._batch.waiting),
             preemptions=self._batch.counters.preemptions,
+            max_running=self.config.max_num_seqs,
         )
 
     @property

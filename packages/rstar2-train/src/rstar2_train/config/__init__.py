@@ -28,6 +28,7 @@ from rstar2_train.config.schema import (
     TokenizerConfig,
     TokenizerTraining,
     ValidationConfig,
+    WandbConfig,
 )
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "TokenizerConfig",
     "TokenizerTraining",
     "ValidationConfig",
+    "WandbConfig",
     "dump_config",
     "load_config",
     "merge",

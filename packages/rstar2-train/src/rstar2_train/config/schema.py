@@ -53,8 +53,16 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="bfloat16", description="Parameter dtype for training and engines."
     )
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
-        default="sdpa", description="transformers attention kernel (sdpa runs everywhere)."
+    attn_implementation: Literal["auto", "sdpa", "flex_attention", "eager", "flash_attention_2"] = (
+        Field(
+            default="auto",
+            description="transformers attention kernel of the trainer. auto: flex_attention when "
+            "the trainer runs on a GPU (CUDA or ROCm) and micro-batches are packed (sft.packing, "
+            "rl.packing), since sdpa attends through a dense [tokens, tokens] mask over a packed "
+            "row; sdpa otherwise (CPU, padded rows). The choice is logged and written to the run's "
+            "config.yaml. flex_attention has no backward pass on CPU; flash_attention_2 needs the "
+            "flash-attn package. TransformersEngine decodes with sdpa instead of flex_attention.",
+        )
     )
     gradient_checkpointing: bool = Field(
         default=False, description="Recompute activations in the backward pass to save memory."
@@ -177,13 +185,34 @@ class CheckpointConfig(_Section):
     keep_last: int = Field(default=2, ge=1, description="Older checkpoints are deleted.")
 
 
+class WandbConfig(_Section):
+    """Weights & Biases: the resolved config, every step's metrics and the sample rollouts."""
+
+    project: str = Field(default="rstar2", min_length=1, description="W&B project.")
+    entity: str | None = Field(default=None, description="W&B team or user; default: yours.")
+    name: str | None = Field(default=None, description="Run name; default: the stage's name.")
+    group: str | None = Field(default=None, description="Groups runs, e.g. the stages of a recipe.")
+    tags: list[str] = Field(default_factory=list, description="Run tags.")
+    mode: Literal["online", "offline", "disabled"] | None = Field(
+        default=None,
+        description="offline: no network, the run is written under <output_dir>/wandb for a "
+        "later `wandb sync`; default: WANDB_MODE, else online.",
+    )
+
+
 class LoggingConfig(_Section):
     """Metrics, plots and inspection files."""
 
     tensorboard: bool = Field(default=False, description="Also write TensorBoard events.")
+    wandb: WandbConfig | None = Field(
+        default=None,
+        description="Also log to Weights & Biases (wandb extra); {} for the defaults.",
+    )
     plots: bool = Field(default=True, description="PNG plots of the metrics (plot extra).")
     sample_rollouts: int = Field(
-        default=4, ge=0, description="RL: rollouts per step written as readable text."
+        default=4,
+        ge=0,
+        description="RL: rollouts per step written as readable text (and logged to W&B).",
     )
 
 

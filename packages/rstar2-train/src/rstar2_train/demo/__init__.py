@@ -2,7 +2,13 @@
 
 from rstar2_train.demo.pipeline import DemoRunner, run_demo
 from rstar2_train.demo.plan import DemoOptions, DemoPaths
-from rstar2_train.demo.report import AblationResult, AblationRun, DemoSummary, PhaseTime
+from rstar2_train.demo.report import (
+    AblationResult,
+    AblationRun,
+    DemoSummary,
+    Invocation,
+    PhaseTime,
+)
 from rstar2_train.demo.scores import HeldOutScores
 
 __all__ = [
@@ -13,6 +19,7 @@ __all__ = [
     "DemoRunner",
     "DemoSummary",
     "HeldOutScores",
+    "Invocation",
     "PhaseTime",
     "run_demo",
 ]

@@ -14,11 +14,14 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
+from rich.cells import cell_len
 from rich.console import Console
+from rich.text import Text
 
 from rstar2_eval import (
     Grader,
@@ -50,6 +53,7 @@ from rstar2_train.demo.report import (
     AblationRun,
     DemoSummary,
     PhaseTime,
+    earlier_invocations,
     mean_of,
     metric_mean,
     print_summary,
@@ -71,6 +75,7 @@ class _Clock:
     """Wall time per phase of this invocation, with the load average beside it."""
 
     def __init__(self) -> None:
+        self.started_at = datetime.now(UTC)
         self.started = time.perf_counter()
         self.phases: list[PhaseTime] = []
 
@@ -128,7 +133,13 @@ class DemoRunner:
 
     def _header(self, text: str) -> None:
         self._step += 1
-        self.console.rule(f"[bold][{self._step}/{self._steps}] {text}")
+        title = f"[{self._step}/{self._steps}] {text}"
+        # A rule shortens a title it cannot hold; a longer one goes under the rule, wrapped.
+        if cell_len(title) <= self.console.width - 4:
+            self.console.rule(Text(title, style="bold"))
+        else:
+            self.console.rule()
+            self.console.print(Text(title, style="bold"))
 
     def _reporter(self) -> Reporter:
         return RichReporter(self.console) if self.options.progress else LogReporter()
@@ -213,8 +224,10 @@ class DemoRunner:
             rl=rl_scores,
             rl_reward_first=first,
             rl_reward_last=last,
+            started=self.clock.started_at,
             timings=self.clock.phases,
             total_seconds=self.clock.total,
+            earlier_invocations=earlier_invocations(paths.summary_json),
             plots=[str(p) for p in self._plots()],
             samples=[str(paths.samples), *(str(p) for p in self._rl_samples())],
             ablation=ablation,

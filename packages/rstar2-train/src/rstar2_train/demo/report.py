@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import statistics
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from rstar2_data.jsonl import atomic_write_text
+from rstar2_data.protocol import ANSWER_OPEN
+from rstar2_data.terminal import FittedTable
 from rstar2_eval import ScoredSample
 from rstar2_train.demo.scores import HeldOutScores
 from rstar2_train.metrics import read_metrics
+
+logger = logging.getLogger(__name__)
 
 
 class PhaseTime(BaseModel):
@@ -27,6 +33,16 @@ class PhaseTime(BaseModel):
     seconds: float
     skipped: bool = Field(description="Already finished by an earlier invocation.")
     load_avg_1m: float = Field(description="1-minute load average at the end of the phase.")
+
+
+class Invocation(BaseModel):
+    """The phase times of one ``rstar2-train demo`` invocation that reached its summary."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    started: datetime | None = Field(description="When it started (absent in older summaries).")
+    timings: list[PhaseTime]
+    total_seconds: float
 
 
 class AblationRun(BaseModel):
@@ -68,11 +84,37 @@ class DemoSummary(BaseModel):
     rl_reward_last: float | None = Field(
         description="Mean reward of the last quarter of the RL steps."
     )
-    timings: list[PhaseTime]
+    started: datetime | None = Field(default=None, description="When this invocation started.")
+    timings: list[PhaseTime] = Field(description="This invocation's phases.")
     total_seconds: float
+    earlier_invocations: list[Invocation] = Field(
+        default_factory=list,
+        description="The timings of earlier invocations on the same folder, oldest first: a "
+        "re-run that skips finished phases keeps the times of the run that did them.",
+    )
     plots: list[str]
     samples: list[str]
     ablation: AblationResult | None = None
+
+    def invocation(self) -> Invocation:
+        return Invocation(
+            started=self.started, timings=self.timings, total_seconds=self.total_seconds
+        )
+
+    def invocations(self) -> list[Invocation]:
+        """Every invocation's timings, this one last."""
+        return [*self.earlier_invocations, self.invocation()]
+
+
+def earlier_invocations(path: Path) -> list[Invocation]:
+    """The invocations an existing ``summary.json`` recorded (none when there is none)."""
+    if not path.is_file():
+        return []
+    try:
+        return DemoSummary.model_validate_json(path.read_text(encoding="utf-8")).invocations()
+    except (OSError, ValidationError) as error:
+        logger.warning("%s: unreadable, its timings are not kept in the new one: %s", path, error)
+        return []
 
 
 def _percent(value: float | None) -> str:
@@ -96,12 +138,12 @@ _ROWS: Sequence[tuple[str, Callable[[HeldOutScores], float | None], bool]] = (
     ("rollouts without a tool call", lambda s: s.no_tool_rate, True),
     ("tool-error ratio, correct rollouts", lambda s: s.tool_error_ratio_correct, True),
     ("tool-error ratio, all rollouts", lambda s: s.tool_error_ratio, True),
-    ("format errors (not one <answer>)", lambda s: s.format_error_rate, True),
+    (f"format errors (not one {ANSWER_OPEN})", lambda s: s.format_error_rate, True),
     ("mean response length (tokens)", lambda s: s.mean_response_tokens, False),
 )
 
 
-def before_after_table(summary: DemoSummary) -> Table:
+def before_after_table(summary: DemoSummary) -> FittedTable:
     sft, rl = summary.sft, summary.rl
     table = Table(
         title=f"Held-out split: {rl.problems} problems x {rl.rollouts // max(rl.problems, 1)} "
@@ -123,10 +165,10 @@ def before_after_table(summary: DemoSummary) -> Table:
             f"{summary.rl_reward_last:.3f}",
             f"{summary.rl_reward_last - summary.rl_reward_first:+.3f}",
         )
-    return table
+    return FittedTable(table)
 
 
-def ablation_table(result: AblationResult) -> Table:
+def ablation_table(result: AblationResult) -> FittedTable:
     table = Table(title="Ablation: tool-error ratio among correct held-out rollouts")
     table.add_column("roc.strategy")
     table.add_column("seed", justify="right")
@@ -143,7 +185,7 @@ def ablation_table(result: AblationResult) -> Table:
         )
     for strategy, mean in result.mean_tool_error_ratio_correct.items():
         table.add_row(f"[bold]{strategy}: mean", "", "", f"[bold]{_percent(mean)}", "")
-    return table
+    return FittedTable(table)
 
 
 def mean_of(values: Sequence[float | None]) -> float | None:
@@ -191,18 +233,28 @@ def write_summary(summary: DemoSummary, json_path: Path, text_path: Path) -> Non
     atomic_write_text(text_path, console.export_text())
 
 
+def _timings(invocation: Invocation) -> str:
+    phases = ", ".join(
+        f"{t.phase} {'done before' if t.skipped else f'{t.seconds:.0f}s'} "
+        f"(load {t.load_avg_1m:.1f})"
+        for t in invocation.timings
+    )
+    return f"{invocation.total_seconds:.0f}s in all: {phases}"
+
+
 def print_summary(summary: DemoSummary, console: Console) -> None:
     console.print(before_after_table(summary))
     if summary.ablation is not None:
         console.print(ablation_table(summary.ablation))
         verdict = {True: "yes", False: "no", None: "undetermined"}[summary.ablation.roc_lower]
         console.print(f"RoC lower than plain GRPO on the mean over seeds: [bold]{verdict}")
-    timings = ", ".join(
-        f"{t.phase} {'done before' if t.skipped else f'{t.seconds:.0f}s'} "
-        f"(load {t.load_avg_1m:.1f})"
-        for t in summary.timings
-    )
-    console.print(f"time: {summary.total_seconds:.0f}s in all: {timings}")
+    invocations = summary.invocations()
+    for number, invocation in enumerate(invocations, start=1):
+        label = "time"
+        if len(invocations) > 1:
+            when = f"{invocation.started:%Y-%m-%d %H:%M} UTC" if invocation.started else "-"
+            label = f"time, run {number} of {len(invocations)} ({when})"
+        console.print(f"{label}: {_timings(invocation)}", highlight=False)
     console.print("plots:")
     for plot in summary.plots:
         console.print(f"  {plot}")

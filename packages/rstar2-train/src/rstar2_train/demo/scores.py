@@ -36,7 +36,7 @@ class HeldOutScores(BaseModel):
         description="Failed tool calls / tool calls, over the correct rollouts only."
     )
     format_error_rate: float = Field(
-        description="Rollouts without exactly one <answer> block (none, or several)."
+        description="Rollouts without exactly one answer block (none, or several)."
     )
     mean_response_tokens: float
 

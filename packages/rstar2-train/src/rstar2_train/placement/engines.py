@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,8 +90,17 @@ class EngineHost:
     def kv_stats(self) -> KVStats:
         return self.engine.kv_stats()
 
-    async def update_weights(self, weights: dict[str, torch.Tensor], version: str | None) -> None:
-        await self.engine.update_weights(weights.items(), version=version)
+    async def update_weights(self, buckets: list[Any], version: str | None) -> None:
+        """One sync from Ray object refs of weight buckets (dicts of tensors), read one bucket
+        at a time so that at most one is held here besides the engine's own copy. Reading a
+        bucket blocks this actor's event loop briefly; nothing generates during a sync."""
+        import ray
+
+        def stream() -> Iterator[tuple[str, torch.Tensor]]:
+            for ref in buckets:
+                yield from ray.get(ref).items()
+
+        await self.engine.update_weights(stream(), version=version)
 
     async def reset_prefix_cache(self) -> None:
         await self.engine.reset_prefix_cache()
@@ -223,7 +232,7 @@ class RayEngine(Engine):
     async def update_weights(self, weights: NamedTensors, *, version: str | None = None) -> None:
         import ray
 
-        await self._own("update_weights", ray.put(dict(weights)), version)
+        await self._own("update_weights", [ray.put(dict(weights))], version)
         self.weights_version = version
 
     async def reset_prefix_cache(self) -> None:
@@ -247,21 +256,34 @@ def ray_engines(engines: Sequence[Engine]) -> EngineGroup | None:
     return None
 
 
-async def sync_weights(actor: Any, engines: Sequence[Engine], *, version: str) -> None:
-    """The trainer's full weights to every engine. From a ``DistributedActor`` to engine actors
-    they travel in buckets through the Ray object store (straight from rank 0 to each engine);
-    otherwise through ``Engine.update_weights``."""
+COLOCATED_SLEEP_LEVEL: dict[str, int] = {"vllm": 2, "transformers": 1}
+"""How deep engines of each kind sleep while a colocated trainer updates: vLLM discards its
+weights (the sync replaces them all, as verl and TRL do); transformers has level 1 only."""
+
+
+async def sync_weights(
+    actor: Any, engines: Sequence[Engine], *, version: str, wake: bool = False
+) -> None:
+    """The trainer's full weights to every engine, one ``update_weights`` call (one sync) per
+    engine. From a ``DistributedActor`` to engine actors they travel in buckets through the Ray
+    object store (straight from rank 0 to each engine); otherwise through
+    ``Engine.update_weights``.
+
+    ``wake``: the engines sleep (colocated training); each takes its weights first, then wakes
+    the rest (the KV cache), so the cache is not allocated while weights are written.
+    """
     from rstar2_train.placement.distributed import DistributedActor
 
     group = ray_engines(engines)
     if group is None or not isinstance(actor, DistributedActor):
         for engine in engines:
             await engine.update_weights(actor.named_weights(), version=version)
+            if wake:
+                await engine.wake_up()
         return
-    buckets = actor.weight_buckets()
-    for position, bucket in enumerate(buckets):
-        last = position == len(buckets) - 1
-        await group.call("update_weights", bucket, version if last else None)
+    await group.call("update_weights", actor.weight_buckets(), version)
+    if wake:
+        await group.call("wake_up")
     for engine in engines:
         assert isinstance(engine, RayEngine)
         engine.weights_version = version

@@ -43,6 +43,10 @@ class GraderHost:
         self.grader = Grader(config)
         self.graded = 0
 
+    def warm_up(self) -> None:
+        """Start the worker processes and wait until each has verified one answer."""
+        self.grader.warm_up()
+
     def grade_many(
         self,
         responses: list[str],
@@ -97,7 +101,21 @@ class RayGrading(Grading):
                 [self.names[i] for i in self._alive()],
             )
 
-    async def grade(
+    async def warm_up(self) -> None:
+        """Warm every live actor's workers at once; an actor that dies meanwhile is marked."""
+        from ray.exceptions import RayActorError
+
+        alive = self._alive()
+        outcomes = await asyncio.gather(
+            *(self.handles[i].warm_up.remote() for i in alive), return_exceptions=True
+        )
+        for index, outcome in zip(alive, outcomes, strict=True):
+            if isinstance(outcome, RayActorError):
+                self._mark_dead(index, outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+
+    async def agrade_many(
         self,
         responses: Sequence[str],
         golds: Sequence[str],

@@ -27,7 +27,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from transformers import PreTrainedModel
 
-from rstar2_train.actor import LossFn, MetricSums, make_optimizer, make_schedule
+from rstar2_train.actor import (
+    LossFn,
+    MetricSums,
+    advance_schedule,
+    make_optimizer,
+    make_schedule,
+)
 from rstar2_train.batching import MicroBatch, token_logprobs
 from rstar2_train.config.schema import FSDPConfig, OptimizerConfig, ScheduleConfig
 from rstar2_train.modeling import DTYPES
@@ -190,7 +196,7 @@ class TrainerRank:
         return RankUpdate(norm, lr, skipped, sums.values, int(count.item()))
 
     def skip(self) -> None:
-        self.schedule.step()
+        advance_schedule(self.schedule)
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """The full weights on rank 0 (gathered from every shard; empty on the others)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rstar2_data.jsonl import atomic_write_text
 from rstar2_train.rl.rollouts import RolloutPhaseResult, ScoredRollout
@@ -104,10 +105,33 @@ def render_rollout(rollout: ScoredRollout) -> str:
     return "\n".join(lines)
 
 
-def write_samples(path: Path, step: int, rollouts: Sequence[ScoredRollout], count: int) -> None:
-    """A few of the step's rollouts, readable, in ``path``."""
+def write_samples(
+    path: Path, step: int, rollouts: Sequence[ScoredRollout], count: int
+) -> list[ScoredRollout]:
+    """A few of the step's rollouts, readable, in ``path``; returns them."""
     picked = _pick(rollouts, count)
     if not picked:
-        return
+        return picked
     body = "\n\n".join(render_rollout(r) for r in picked)
     atomic_write_text(path, f"# Step {step}: {len(picked)} of {len(rollouts)} rollouts\n\n{body}\n")
+    return picked
+
+
+def sample_rows(rollouts: Sequence[ScoredRollout]) -> list[dict[str, Any]]:
+    """Rollouts as table rows (W&B): figures to sort by, and the conversation as Markdown."""
+    return [
+        {
+            "rollout": r.trajectory.rollout_id,
+            "problem": r.problem.id,
+            "reward": r.reward,
+            "gold": r.problem.answer,
+            "answer": r.grade.answer or "",
+            "grade": r.grade.status,
+            "turns": r.trajectory.quality.turns,
+            "tool_calls": r.trajectory.quality.tool_calls,
+            "failed_tool_calls": r.trajectory.quality.failed_tool_calls,
+            "response_tokens": len(r.trajectory.response_ids),
+            "conversation": render_rollout(r),
+        }
+        for r in rollouts
+    ]

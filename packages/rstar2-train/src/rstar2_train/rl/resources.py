@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 from collections.abc import AsyncIterator
@@ -85,14 +86,22 @@ class RolloutResources:
 async def rollout_resources(
     engines: list[Engine], sandbox: Sandbox, grader: Grading
 ) -> AsyncIterator[RolloutResources]:
-    """Start everything, and stop it all however the stage ends."""
+    """Start everything, and stop it all however the stage ends.
+
+    Grading warms up (its math-verify workers start and verify one answer) while the engines
+    start: a cold worker would otherwise hold up the first answer that needs it by seconds.
+    """
     async with AsyncExitStack() as stack:
         stack.push_async_callback(grader.aclose)
         stack.push_async_callback(sandbox.aclose)
         for engine in engines:
             stack.push_async_callback(engine.close)
-        for engine in engines:
-            await engine.start()
+        warming = asyncio.ensure_future(grader.warm_up())
+        try:
+            for engine in engines:
+                await engine.start()
+        finally:
+            await warming
         yield RolloutResources(engines, sandbox, grader)
 
 

@@ -3,7 +3,7 @@
 Every rollout's sampling seed is derived from (stage seed, step, prompt, sample), so a resumed
 step generates exactly what the interrupted one would have. The reward is answer-only: 1 when
 the model's own text (tool responses excluded, so a program cannot print the answer for it)
-holds a ``\\boxed{}`` answer in ``<answer>`` that verifies against the label, else 0; a rollout
+holds a ``\\boxed{}`` answer in its answer block that verifies against the label, else 0; a rollout
 that ran out of turns or budget gets 0.
 """
 
@@ -98,7 +98,7 @@ async def collect(
         return RolloutJob(run=run, kv_tokens=runner.max_tokens(problem), key=f"p{prompt}-r{sample}")
 
     async def grade(trajectory: Trajectory, gold: str) -> Grade:
-        graded = await grader.grade([model_text(trajectory)], [gold])
+        graded = await grader.agrade_many([model_text(trajectory)], [gold])
         return graded[0]
 
     def finished(result: JobResult[Trajectory]) -> None:

@@ -19,8 +19,8 @@ from rstar2_train.actor import TrainingActor
 from rstar2_train.config.schema import RLConfig, StageConfig
 from rstar2_train.data import DataOrder, load_rows
 from rstar2_train.modeling import bootstrap_chat
-from rstar2_train.placement.engines import ray_engines, sync_weights
-from rstar2_train.rl.report import rollout_metrics, write_samples
+from rstar2_train.placement.engines import COLOCATED_SLEEP_LEVEL, ray_engines, sync_weights
+from rstar2_train.rl.report import rollout_metrics, sample_rows, write_samples
 from rstar2_train.rl.resources import RolloutResources, rollout_resources, training_side
 from rstar2_train.rl.rollouts import collect, rollout_seed
 from rstar2_train.rl.selection import select
@@ -144,16 +144,19 @@ class RLTrainer:
         selection = select(phase.rollouts, rl.roc, seed=rollout_seed(seed, step, -1, -1))
         metrics = rollout_metrics(phase, selection)
         if self.config.logging.sample_rollouts:
-            write_samples(
+            samples = write_samples(
                 self.run.dir.samples / f"step-{step:06d}.md",
                 step,
                 phase.rollouts,
                 self.config.logging.sample_rollouts,
             )
+            if self.run.wandb is not None:
+                self.run.wandb.log_rollouts(step, sample_rows(samples))
         self.run.reporter.phase("update")
         sequences = training_sequences(phase.rollouts, selection)
         if self.colocated:  # the update gets the accelerators the engines free
-            await asyncio.gather(*(engine.sleep() for engine in resources.engines))
+            level = COLOCATED_SLEEP_LEVEL[self.rl.engines.kind]
+            await asyncio.gather(*(engine.sleep(level) for engine in resources.engines))
         updated = time.perf_counter()
         if sequences:
             metrics.update(
@@ -173,10 +176,8 @@ class RLTrainer:
             logger.warning("step %d: every group was dropped; no update", step)
             actor.skip()
         synced = time.perf_counter()
-        if self.colocated:
-            await asyncio.gather(*(engine.wake_up() for engine in resources.engines))
-        self.run.reporter.phase("weight sync")
-        await sync_weights(actor, resources.engines, version=str(step))
+        self.run.reporter.phase("weight sync")  # colocated: the engines wake with the sync
+        await sync_weights(actor, resources.engines, version=str(step), wake=self.colocated)
         done = time.perf_counter()
         metrics["time/update_s"] = synced - updated
         metrics["time/sync_s"] = done - synced

@@ -92,7 +92,7 @@ class Validator:
             resources.engines,
             tokenizer,
             resources.sandbox,
-            resources.grader.as_grader(),
+            resources.grader,
             self.problem_sets,
             self.settings,
             chat=chat,

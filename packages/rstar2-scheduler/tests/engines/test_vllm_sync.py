@@ -1,0 +1,300 @@
+"""VLLMEngine's weight sync, sleep and wake against a stand-in for vLLM's AsyncLLM.
+
+The stand-in (tests/helpers/vllm_standin.py) applies vLLM's rules as read in its source: the
+RPC arguments cross vLLM's msgpack encoder (the real one where the extra is installed), each
+tensor-parallel rank keeps its shard of fused, sharded layers through ``load_weights``, a tied
+alias must come with the weight it is tied to, sleeping memory cannot be written, and wake-up
+answers whether everything is back. The real worker extension runs in each stand-in worker; only
+CUDA IPC is replaced, by host memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from vllm_standin import HostMemory, StandInAsyncLLM, expected_shards
+
+from rstar2_scheduler.engine import GenerationRequest, SamplingParams
+from rstar2_scheduler.engines.vllm import VLLMEngine, VLLMEngineConfig
+from rstar2_scheduler.engines.vllm_sync import fused_members, fusion_key, plan_buckets
+from rstar2_scheduler.engines.vllm_wire import WeightBucket
+
+pytestmark = pytest.mark.asyncio
+
+CONFIG = Qwen2Config(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+)
+BUCKET_MB = 0.05  # about 52 KB: the 0.2 MB model goes in several buckets
+
+
+def trainer_weights(seed: int) -> dict[str, torch.Tensor]:
+    """A trainer's full state dict (HF names; lm_head.weight listed beside the tied embedding)."""
+    torch.manual_seed(seed)
+    return {name: t.detach().clone() for name, t in Qwen2ForCausalLM(CONFIG).state_dict().items()}
+
+
+def engine_on(llm: StandInAsyncLLM, **config: object) -> VLLMEngine:
+    settings = {"model": "stand-in", "weight_bucket_mb": BUCKET_MB, **config}
+    return VLLMEngine(
+        VLLMEngineConfig.model_validate(settings), llm=llm, transport=llm.memory.engine()
+    )
+
+
+def assert_ranks_hold(llm: StandInAsyncLLM, full: dict[str, torch.Tensor]) -> None:
+    for rank, model in enumerate(llm.models()):
+        expected = expected_shards(full, rank, len(llm.workers))
+        params = model.params()
+        assert sorted(params) == sorted(expected)
+        for name, value in expected.items():
+            torch.testing.assert_close(params[name], value, rtol=0, atol=0, msg=name)
+
+
+def request(request_id: str = "r") -> GenerationRequest:
+    return GenerationRequest(
+        request_id=request_id, prompt_ids=(1, 2), sampling=SamplingParams(max_new_tokens=2)
+    )
+
+
+async def test_one_sync_loads_every_rank_shard_in_one_cycle() -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2)
+    engine = engine_on(llm)
+    full = trainer_weights(1)
+    await engine.update_weights(full.items(), version="7")
+
+    assert_ranks_hold(llm, full)
+    methods = llm.methods()
+    loads = methods.count("rstar2_load_weights")
+    assert loads > 2
+    assert methods == [
+        "rstar2_worker_info",
+        "pause_generation",
+        *["rstar2_load_weights"] * loads,
+        "reset_prefix_cache",
+        "update_weight_version",
+        "resume_generation",
+    ]
+    assert ("pause_generation", "keep", False) in llm.calls
+    assert ("reset_prefix_cache", True) in llm.calls
+    assert llm.version == engine.weights_version == "7"
+
+    buckets = [WeightBucket.model_validate(payload) for payload in llm.payloads]
+    sent = [slot.name for bucket in buckets for slot in bucket.tensors]
+    assert sent == list(full)  # every tensor exactly once, in order
+    members = fused_members(llm.models()[0].packed_modules_mapping)
+    home: dict[str, int] = {}
+    for bucket in buckets:
+        for slot in bucket.tensors:
+            key = fusion_key(slot.name, members)
+            assert home.setdefault(key, bucket.index) == bucket.index, f"{key} split"
+    assert any(key.endswith("qkv_proj") for key in home)
+    # the rule mattered: cut by size alone, some fused layer would straddle two buckets
+    limit = round(BUCKET_MB * 2**20)
+    naive = list(plan_buckets(full.items(), limit_bytes=limit, members={}))
+    straddling = {
+        fusion_key(name, members)
+        for before, after in itertools.pairwise(naive)
+        for name in (before[-1][0], after[0][0])
+    }
+    assert len(straddling) < 2 * (len(naive) - 1)
+
+    # one buffer per worker GPU per bucket, each opened by the worker on that GPU only
+    assert all(sorted(bucket.buffers) == ["GPU-0", "GPU-1"] for bucket in buckets)
+    opened = {uuid: {key for who, key in llm.memory.opened if who == uuid} for uuid in llm.uuids}
+    for bucket in buckets:
+        for uuid, handle in bucket.buffers.items():
+            assert handle.handle in opened[uuid]
+            assert all(handle.handle not in opened[other] for other in llm.uuids if other != uuid)
+    assert len(llm.memory.shared) == 2 * len(buckets)
+    assert llm.memory.alive() == 0  # released once every worker had loaded them
+    assert engine.last_sync is not None
+    assert (engine.last_sync.buckets, engine.last_sync.ranks, engine.last_sync.gpus) == (
+        len(buckets),
+        2,
+        2,
+    )
+    assert engine.last_sync.tensors == len(full)
+
+
+async def test_partial_updates_keep_the_rest_and_fused_parts_load_apart() -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2)
+    engine = engine_on(llm)
+    first, second = trainer_weights(1), trainer_weights(2)
+    await engine.update_weights(first.items())
+    q = "model.layers.1.self_attn.q_proj.weight"
+    kv = ["model.layers.1.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight"]
+    await engine.update_weights([(q, second[q])])  # one part of a fused layer, alone
+    await engine.update_weights([(name, second[name]) for name in kv])
+    mixed = {**first, q: second[q], **{name: second[name] for name in kv}}
+    assert_ranks_hold(llm, mixed)
+
+
+async def test_a_tied_alias_alone_loads_into_the_weight_it_is_tied_to() -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2)
+    engine = engine_on(llm)
+    full = trainer_weights(1)
+    await engine.update_weights(full.items())
+    head = trainer_weights(3)["lm_head.weight"]
+    alone = [("lm_head.weight", head)]
+    with pytest.raises(ValueError, match="tied weight is uninitialized"):
+        llm.models()[0].load_weights(alone)  # vLLM's rule, which the stand-in applies
+    await engine.update_weights(alone)
+    assert_ranks_hold(llm, {**full, "model.embed_tokens.weight": head, "lm_head.weight": head})
+
+
+async def test_colocated_cycle_sleeps_level_2_wakes_weights_then_kv_cache() -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2)
+    engine = engine_on(llm)
+    await engine.update_weights(trainer_weights(1).items(), version="1")
+    llm.calls.clear()
+
+    await engine.sleep(2)
+    assert engine.asleep == {"weights", "kv_cache"}
+    full = trainer_weights(2)
+    await engine.update_weights(full.items(), version="2")
+    assert engine.asleep == {"kv_cache"}
+    await engine.wake_up()
+    assert engine.asleep == frozenset()
+
+    loads = llm.methods().count("rstar2_load_weights")
+    assert llm.calls == [
+        ("sleep", 2),
+        ("wake_up", ["weights"]),
+        *[("collective_rpc", "rstar2_load_weights")] * loads,
+        ("reset_prefix_cache", True),
+        ("update_weight_version", "2"),
+        ("wake_up", ["kv_cache"]),
+    ]
+    assert not llm.paused
+    assert not llm.sleeping
+    assert_ranks_hold(llm, full)  # nothing left of the discarded (NaN) memory
+
+
+async def test_discarded_weights_refuse_generation_until_a_whole_sync() -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1)
+    engine = engine_on(llm)
+    full = trainer_weights(1)
+    await engine.update_weights(full.items())
+    await engine.sleep(2)
+    result = await engine.generate(request())
+    assert result.finish_reason == "error"
+    assert result.error is not None
+    assert "asleep" in result.error
+
+    await engine.wake_up()  # woken before the sync: the weights are garbage
+    assert math.isnan(float(llm.models()[0].model.norm.weight[0]))
+    result = await engine.generate(request())
+    assert result.error is not None
+    assert "discarded the weights" in result.error
+
+    partial = [(n, t) for n, t in full.items() if not n.startswith("model.layers.1.")]
+    with pytest.raises(RuntimeError, match=r"without weights: model\.layers\.1\."):
+        await engine.update_weights(partial)
+    result = await engine.generate(request())
+    assert result.error is not None
+    assert "discarded the weights" in result.error
+
+    await engine.update_weights(full.items())
+    assert engine._refusal() is None
+    assert_ranks_hold(llm, full)
+
+
+async def test_a_sync_that_fails_midway_blocks_generation() -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1)
+    engine = engine_on(llm)
+    full = trainer_weights(1)
+    broken = [*full.items(), ("model.layers.9.mlp.down_proj.weight", torch.zeros(64, 128))]
+    with pytest.raises(ValueError, match=r"no module or parameter named 'model\.layers\.9"):
+        await engine.update_weights(broken)
+    assert llm.calls[-1] == ("resume_generation",)  # scheduling is not left paused
+    result = await engine.generate(request())
+    assert result.error is not None
+    assert "failed after" in result.error
+    await engine.update_weights(full.items())
+    assert engine._refusal() is None
+
+
+async def test_wake_up_checks_what_vllm_answers() -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1)
+    engine = engine_on(llm)
+    await engine.sleep(1)
+    await llm.wake_up(["weights"])  # behind the engine's back
+    with pytest.raises(RuntimeError, match="fully_awake=False"):
+        await engine.wake_up()  # vLLM wakes nothing when a tag is not asleep
+
+
+async def test_sleep_refusals() -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1)
+    engine = engine_on(llm)
+    with pytest.raises(ValueError, match="level must be 1 or 2"):
+        await engine.sleep(3)
+    await engine.sleep(1)
+    with pytest.raises(RuntimeError, match="already asleep"):
+        await engine.sleep(1)
+    await engine.wake_up()
+    assert llm.calls[-1] == ("wake_up", ["kv_cache", "weights"])
+
+
+async def test_level_1_sleep_keeps_weights_and_sync_writes_after_waking_them() -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2)
+    engine = engine_on(llm)
+    full = trainer_weights(1)
+    await engine.update_weights(full.items())
+    await engine.sleep(1)
+    await engine.wake_up()
+    assert_ranks_hold(llm, full)
+    await engine.sleep(1)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    fresh = trainer_weights(4)[q]
+    await engine.update_weights([(q, fresh)])  # a partial update is fine: nothing was lost
+    await engine.wake_up()
+    assert_ranks_hold(llm, {**full, q: fresh})
+
+
+async def test_reset_prefix_cache_preempts_running_requests() -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1)
+    engine = engine_on(llm)
+    llm.requests["busy"] = __import__("vllm_standin").Request("busy")
+    assert not await llm.reset_prefix_cache()  # vLLM's rule: blocks in use
+    await engine.reset_prefix_cache()
+    assert llm.calls[-1] == ("reset_prefix_cache", True)
+    assert llm.preempted == 1
+
+
+async def test_a_worker_gpu_this_process_cannot_see_is_named() -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2, memory=HostMemory(["GPU-0"]))
+    engine = engine_on(llm)
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] run on GPU\(s\) \['GPU-1'\]"):
+        await engine.update_weights(trainer_weights(1).items())
+
+
+async def test_a_quantized_model_is_refused() -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1, quantization="fp8")
+    engine = engine_on(llm)
+    with pytest.raises(Exception, match="fp8-quantized"):
+        await engine.update_weights(trainer_weights(1).items())
+
+
+async def test_workers_without_the_extension_are_named() -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1, extension=object)
+    engine = engine_on(llm)
+    with pytest.raises(RuntimeError, match="worker_extension_cls="):
+        await engine.update_weights(trainer_weights(1).items())
+
+
+async def test_a_name_twice_in_one_sync_is_refused() -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1)
+    engine = engine_on(llm)
+    full = trainer_weights(1)
+    name = "model.norm.weight"
+    with pytest.raises(ValueError, match="appears more than once"):
+        await engine.update_weights([*full.items(), (name, full[name])])
