@@ -1,6 +1,7 @@
 """Developer and CI sessions for the rstar2 monorepo.
 
-``uv run nox`` runs the default sessions (every package's tests, lint, typecheck, wheels);
+``uv run nox`` runs the default sessions (every package's tests, the documentation's code, lint,
+typecheck, wheels, vLLM);
 ``uv run nox -l`` lists them all; ``uv run nox -s bench`` runs the benchmarks.
 """
 
@@ -26,7 +27,7 @@ DIST = ROOT / "dist"
 nox.options.default_venv_backend = "uv"
 # Locally, reuse session environments (uv sync refreshes them); a CI run always starts fresh.
 nox.options.reuse_existing_virtualenvs = not os.environ.get("CI")
-nox.options.sessions = ["tests", "lint", "typecheck", "wheels", "vllm"]
+nox.options.sessions = ["tests", "docs", "lint", "typecheck", "wheels", "vllm"]
 
 
 def sync(session: nox.Session, *args: str) -> None:
@@ -48,6 +49,15 @@ def tests(session: nox.Session, package: str) -> None:
     """One package's tests in an environment holding only it and its ``test`` extra."""
     sync(session, "--package", package, "--extra", "test")
     session.run("pytest", f"packages/{package}/tests", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation's code: every Python block of the READMEs and docs/ runs (blocks marked
+    ``# not run by the docs tests: REASON`` are skipped with that reason), and every rstar2
+    command and option a bash block names exists."""
+    sync(session, "--all-packages", "--extra", "test")
+    session.run("pytest", "tests/docs", "-rs", *session.posargs)
 
 
 @nox.session

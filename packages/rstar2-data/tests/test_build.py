@@ -237,6 +237,9 @@ def test_an_answer_too_long_for_int_builds_and_is_filtered_alone(tmp_path: Path)
             {"problem": "A small one?", "answer": "7", "id": "small"},
         ],
     )
+    # The same answer as a bare JSON number, which json.loads cannot turn into an int.
+    with (tmp_path / "a.jsonl").open("a") as handle:
+        handle.write(f'{{"problem": "A bare one?", "answer": {huge}, "id": "bare"}}\n')
     source = """
 name: huge
 kind: math
@@ -250,10 +253,11 @@ output: {shuffle: false}
     assert [(r.id, r.answer, r.answer_kind) for r in rows] == [
         ("huge", huge, "integer"),
         ("small", "7", "integer"),
+        ("bare", huge, "integer"),
     ]
     recipe.write_text(source + "filters: [{type: integer_answer}]\n")
     manifest = build(load_recipe(recipe), tmp_path / "filtered", progress=False)
-    assert manifest.filters[0].removed == {"answer larger than 1000000000000": 1}
+    assert manifest.filters[0].removed == {"answer larger than 1000000000000": 2}
     assert [r.id for r in load_built(tmp_path / "filtered")] == ["small"]
 
 

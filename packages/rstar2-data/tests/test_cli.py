@@ -61,11 +61,11 @@ def test_build_then_stats(tmp_path: Path) -> None:
 
 def test_errors_exit_nonzero_with_a_message(tmp_path: Path) -> None:
     result = runner.invoke(app, ["build", "rl-hard", "--out", str(tmp_path)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "${PROBLEMS} is not set" in result.output
     result = runner.invoke(app, ["build", "demo", "--out", str(tmp_path), "--var", "oops"])
     assert result.exit_code != 0
     assert "NAME=VALUE" in result.output
     result = runner.invoke(app, ["stats", str(tmp_path / "nothing")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "no manifest.json" in result.output

@@ -1,4 +1,5 @@
-"""Atomic writes: whole files only, and the permissions any file the user writes would get."""
+"""JSONL reads (integers of any length) and atomic writes: whole files only, and the permissions
+any file the user writes would get."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from rstar2_data.jsonl import atomic_output, atomic_write_text
+from rstar2_data.jsonl import (
+    DataFileError,
+    atomic_output,
+    atomic_write_text,
+    iter_jsonl_lines,
+    jsonl_bytes,
+)
 
 
 @contextmanager
@@ -58,3 +65,26 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> 
         killed_mid_write()
     assert path.read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]
+
+
+def test_integer_literals_too_long_for_int_are_read_as_their_digits(tmp_path: Path) -> None:
+    # json.loads raises a bare ValueError past Python's 4,300-digit int-string limit.
+    huge, negative = "9" * 5000, "-" + "1" * 4301
+    path = tmp_path / "rows.jsonl"
+    path.write_text(
+        f'{{"id": 1, "answer": 7}}\n{{"id": 2, "answer": {huge}, "parts": [{negative}, 3, 2.5]}}\n'
+    )
+    rows = list(iter_jsonl_lines(path))
+    assert rows == [
+        (1, {"id": 1, "answer": 7}),
+        (2, {"id": 2, "answer": huge, "parts": [negative, 3, 2.5]}),
+    ]
+    # Kept as text, the row writes back (json.dumps of such an int would raise too).
+    assert huge.encode() in jsonl_bytes(row for _, row in rows)
+
+
+def test_a_malformed_line_still_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"answer": 1}\n{"answer": ' + "9" * 5000 + ",}\n")
+    with pytest.raises(DataFileError, match=r"rows\.jsonl:2: invalid JSON"):
+        list(iter_jsonl_lines(path))

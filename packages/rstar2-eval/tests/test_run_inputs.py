@@ -16,6 +16,9 @@ from rstar2_eval.cli import app
 from rstar2_eval.run_dir import recover_generations
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
+# Shaped as a hub id, so it is not looked up on disk (a missing local --model is reported before
+# any other option) and, the other inputs being bad, never fetched.
+HUB_MODEL = "org/model"
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -27,24 +30,24 @@ def invoke(*args: str) -> tuple[int, str]:
     ("args", "message"),
     [
         (
-            ["--benchmarks", "aime2024", "--model", "m"],
+            ["--benchmarks", "aime2024", "--model", HUB_MODEL],
             "--benchmarks: unknown benchmark 'aime2024'; known: aime24",
         ),
         (["--benchmarks", "aime24"], "options: give exactly one of --model and --endpoint"),
         (
-            ["--benchmarks", "aime24", "--model", "m", "--engine", "tpu"],
+            ["--benchmarks", "aime24", "--model", HUB_MODEL, "--engine", "tpu"],
             "--engine: Input should be 'auto', 'vllm' or 'transformers'",
         ),
         (
-            ["--benchmarks", "demo=/no/such/file.jsonl", "--model", "m"],
+            ["--benchmarks", "demo=/no/such/file.jsonl", "--model", HUB_MODEL],
             "--benchmarks: demo=/no/such/file.jsonl: no such file or directory",
         ),
         (["--resume"], "--resume: "),
-        (["--model", "m", "--benchmarks", "aime24", "--temperature", "-1"], "--temperature"),
-        (["--model", "m", "--benchmarks", "aime24", "--top-p", "2"], "--top-p"),
-        (["--model", "m", "--benchmarks", "aime24", "--samples", "0"], "--samples"),
+        (["--model", HUB_MODEL, "--benchmarks", "aime24", "--temperature", "-1"], "--temperature"),
+        (["--model", HUB_MODEL, "--benchmarks", "aime24", "--top-p", "2"], "--top-p"),
+        (["--model", HUB_MODEL, "--benchmarks", "aime24", "--samples", "0"], "--samples"),
         (
-            ["--model", "m", "--benchmarks", "aime24", "--tool-name", "python"],
+            ["--model", HUB_MODEL, "--benchmarks", "aime24", "--tool-name", "python"],
             "--tool-name: expected execute_python_code_with_standard_io or "
             "python_code_with_standard_io",
         ),
@@ -69,7 +72,8 @@ def test_bad_options_fail_with_one_clear_line(
             "--endpoint: http://127.0.0.1:9/v1 is not reachable",
         ),
         (
-            ["--model", "/no/such/checkpoint", "--sandbox", "http://127.0.0.1:9"],
+            # A folder that passes the checks on disk: the sandbox is reached before it loads.
+            ["--model", "{checkpoint}", "--sandbox", "http://127.0.0.1:9"],
             "--sandbox: http://127.0.0.1:9 is not reachable",
         ),
     ],
@@ -77,8 +81,12 @@ def test_bad_options_fail_with_one_clear_line(
 def test_unreachable_or_missing_resources(
     args: list[str], message: str, data_dir: Path, tmp_path: Path
 ) -> None:
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    args = [arg.format(checkpoint=checkpoint) for arg in args]
     code, output = invoke(
-        *args, "--benchmarks", "aime24", "--data-dir", str(data_dir), "--out", str(tmp_path)
+        *args, "--benchmarks", "aime24", "--data-dir", str(data_dir), "--out", str(tmp_path / "o")
     )
     assert code == 2
     assert message in output

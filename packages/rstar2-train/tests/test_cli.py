@@ -38,16 +38,28 @@ def test_show_prints_the_resolved_config() -> None:
         (["stage", "nope"], "neither a config file nor a shipped config"),
         (["stage", "tiny-rl", "--set", "model.path=/does/not/exist"], "/does/not/exist"),
         (["stage", "tiny-rl", "--resume", "--out", "/tmp/rstar2-no-run"], "nothing to resume"),
+        (["show", "broken.yaml"], "broken.yaml: not valid YAML: line 3, column 1"),
+        (["show", "tiny-rl", "--set", "rl.steps=[1"], "the value is not valid YAML: line 1"),
+        (
+            ["show", "tiny-sft", "--set", "model.path=x", "--set", "sft.max_steps=0"],
+            "tiny-sft: invalid config: model: set exactly one of path, init (got path, "
+            "init); sft.max_steps: Input should be greater than 0 (got 0)",
+        ),
+        (["stage", "tiny-rl", "--out", "a-file/run"], "a-file is not a directory"),
+        (["demo", "--out", "a-file/demo"], "a-file is not a directory"),
     ],
 )
 def test_bad_input_is_one_line_without_a_traceback(
     arguments: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(app, arguments)
+    (tmp_path / "a-file").write_text("not a folder\n")
+    (tmp_path / "broken.yaml").write_text("extends: tiny-rl\nrl: [\n")
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(app, arguments)
     assert result.exit_code == 2
-    assert message in " ".join(result.output.split())
     assert "Traceback" not in result.output
+    (line,) = [line for line in result.output.splitlines() if "error" in line.lower()]
+    assert message in line
 
 
 def test_output_is_a_hidden_old_name_of_out(tmp_path: Path) -> None:

@@ -229,18 +229,19 @@ def test_engine_actor_killed_mid_phase_its_rollouts_finish_elsewhere(cluster: No
     assert list(group.dead) == [1]
     assert len(finished) == 6
     # With every actor gone the step fails with a clear error instead of training on nothing.
-    ray.kill(group.handles[0])
+    kill_actor(group.handles[0], "kv_stats")
     with pytest.raises(EnginesLostError, match="all 2 engine actors died"):
         asyncio.run(group.call("reset_prefix_cache"))
 
 
-def kill_grader(handle: Any) -> None:
-    """Kill a grader actor and wait until calls to it fail."""
+def kill_actor(handle: Any, probe: str) -> None:
+    """Kill an actor and wait until calls to it fail: ``ray.kill`` returns before the actor is
+    gone, and a call sent in between may still be served."""
     ray.kill(handle)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            ray.get(handle.graded_items.remote())
+            ray.get(getattr(handle, probe).remote())
         except ray.exceptions.RayActorError:
             return
         time.sleep(0.1)
@@ -273,12 +274,12 @@ def test_grader_actors_share_batches_and_a_dead_ones_go_to_the_others(cluster: N
     assert ray.get([h.graded_items.remote() for h in grading.handles]) == [3, 3]
     assert grading.metrics() == {"grader/actors_lost": 0.0}
     # A dead actor's batches are graded by the live one.
-    kill_grader(grading.handles[1])
+    kill_actor(grading.handles[1], "graded_items")
     assert grade_all() == expected
     assert grading.metrics() == {"grader/actors_lost": 1.0}
     assert ray.get(grading.handles[0].graded_items.remote()) == 9
     # With none left, a clear error names them instead of waiting.
-    kill_grader(grading.handles[0])
+    kill_actor(grading.handles[0], "graded_items")
     lost = r"(?s)all 2 grader actors died \(grader-0: .*grader-1: .*resume the stage"
     with pytest.raises(GradersLostError, match=lost):
         asyncio.run(grading.agrade_many(["<answer>\\boxed{1}</answer>"], ["1"]))

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -31,6 +31,7 @@ from rstar2_data.converters import RowError, get_converter
 from rstar2_data.converters.base import Converter, RowKind
 from rstar2_data.converters.math_sources import MappedMath
 from rstar2_data.demo import demo_problems, demo_transcripts
+from rstar2_data.errors import describe_validation_error
 from rstar2_data.filters import (
     Decontaminate,
     Dedup,
@@ -335,7 +336,12 @@ def read_manifest(out_dir: Path) -> Manifest:
     path = out_dir / MANIFEST
     if not path.is_file():
         raise BuildError(f"{out_dir} holds no {MANIFEST}; is it an rstar2-data build folder?")
-    return Manifest.model_validate_json(path.read_text(encoding="utf-8"))
+    try:
+        return Manifest.model_validate_json(path.read_text(encoding="utf-8"))
+    except ValidationError as error:
+        raise BuildError(
+            f"{path}: not a valid manifest: {describe_validation_error(error)}"
+        ) from None
 
 
 def load_built(out_dir: Path) -> list[Row]:

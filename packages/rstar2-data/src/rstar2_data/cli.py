@@ -15,7 +15,9 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from rstar2_data.build import BuildError, build, load_built, read_manifest
+from rstar2_data.hub import HubUnreachableError
 from rstar2_data.jsonl import DataFileError
+from rstar2_data.paths import checked_output_dir
 from rstar2_data.recipe import RecipeError, load_recipe, shipped_recipes
 from rstar2_data.schemas import MathProblem
 from rstar2_data.terminal import FittedTable
@@ -27,6 +29,15 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 console = Console()
+errors = Console(stderr=True)
+
+# What a command reports in one line (exit code 2) instead of a traceback.
+InputErrors = (RecipeError, BuildError, DataFileError, HubUnreachableError, OSError)
+
+
+def _fail(error: Exception | str) -> typer.Exit:
+    errors.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
 
 
 def _variables(pairs: list[str]) -> dict[str, str]:
@@ -42,7 +53,12 @@ def _variables(pairs: list[str]) -> dict[str, str]:
 @app.command("build")
 def build_command(
     recipe: Annotated[str, typer.Argument(help="A shipped recipe name or a recipe YAML path.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for data and manifest.json.")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", "-o", callback=checked_output_dir, help="Folder for data and manifest.json."
+        ),
+    ],
     var: Annotated[
         list[str] | None,
         typer.Option(help="NAME=VALUE filling ${NAME} in the recipe; repeatable."),
@@ -62,9 +78,8 @@ def build_command(
         if seed is not None:
             loaded = loaded.model_copy(update={"seed": seed})
         manifest = build(loaded, out, progress=progress)
-    except (RecipeError, BuildError, DataFileError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(1) from error
+    except InputErrors as error:
+        raise _fail(error) from None
     _print_manifest(out)
     console.print(f"wrote {manifest.rows} rows to {out / manifest.data_file}")
 
@@ -99,9 +114,8 @@ def stats(
     try:
         _print_manifest(directory)
         rows = load_built(directory)
-    except (BuildError, DataFileError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(1) from error
+    except InputErrors as error:
+        raise _fail(error) from None
     table = Table(title="rows")
     table.add_column("statistic")
     table.add_column("value")

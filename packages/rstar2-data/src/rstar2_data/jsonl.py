@@ -6,6 +6,7 @@ import json
 import os
 import secrets
 import stat
+import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,7 +34,7 @@ def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.strip():
                 continue
             try:
-                value = json.loads(line)
+                value = _loads(line)
             except json.JSONDecodeError as error:
                 raise DataFileError(path, f"invalid JSON: {error.msg}", line=number) from None
             if not isinstance(value, dict):
@@ -41,6 +42,27 @@ def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                     path, f"expected a JSON object, got {type(value).__name__}", line=number
                 )
             yield number, value
+
+
+def _loads(line: str) -> Any:
+    """``json.loads``, keeping an integer literal too long for ``int`` as its digit string.
+
+    Python refuses to convert more than ``sys.get_int_max_str_digits()`` digits (4,300 by
+    default), so ``json.loads`` raises a bare ``ValueError`` on such a literal. Integer answers
+    are digit strings throughout rstar2-data (``canonical_integer``), so the row is kept. The
+    plain parse runs first: the hook costs a Python call per integer.
+    """
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:
+        return json.loads(line, parse_int=_int_or_digits)
+
+
+def _int_or_digits(literal: str) -> int | str:
+    limit = sys.get_int_max_str_digits()
+    return literal if limit and len(literal.lstrip("-")) > limit else int(literal)
 
 
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:

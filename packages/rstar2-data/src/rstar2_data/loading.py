@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rstar2_data.hub import iter_hub_dataset
 from rstar2_data.jsonl import DataFileError, iter_jsonl
 
 logger = logging.getLogger(__name__)
@@ -27,13 +28,17 @@ def iter_local(path: Path) -> Iterator[dict[str, Any]]:
         raise DataFileError(path, "expected a .jsonl, .json or .parquet file")
 
 
-def iter_hub(hub_id: str, *, config: str | None, split: str) -> Iterator[dict[str, Any]]:
-    """Rows of a Hugging Face hub dataset split."""
-    import datasets  # imported here: slow to import and only needed for hub sources
+LOCAL_COPY_HINT = (
+    "download it where the hub is reachable and give the recipe entry a local `path:` "
+    "(a .jsonl or .parquet file) instead of `hub:`"
+)
 
+
+def iter_hub(hub_id: str, *, config: str | None, split: str) -> Iterator[dict[str, Any]]:
+    """Rows of a Hugging Face hub dataset split; ``HubUnreachableError`` in one line when the hub
+    cannot be reached and the dataset is not cached."""
     logger.info("loading %s (config %s, split %s) from the hub", hub_id, config, split)
-    dataset = datasets.load_dataset(hub_id, config, split=split)
-    yield from dataset
+    return iter_hub_dataset(hub_id, config=config, split=split, hint=LOCAL_COPY_HINT)
 
 
 def iter_source(

@@ -27,6 +27,7 @@ from rstar2_data.converters import CONVERTERS, get_converter
 from rstar2_data.converters.base import RowKind
 from rstar2_data.demo.generator import DEFAULT_HELDOUT_SHARE, Split
 from rstar2_data.demo.tasks import FAMILIES, Level
+from rstar2_data.errors import describe_yaml_error
 from rstar2_data.filters import DEFAULT_MAX_ABS, DEFAULT_NGRAM, DedupMode
 
 
@@ -202,8 +203,9 @@ class Recipe(_Strict):
 
 
 def _format_errors(error: ValidationError) -> str:
-    return "\n".join(
-        f"  {'.'.join(str(p) for p in e['loc']) or '<recipe>'}: {e['msg']}" for e in error.errors()
+    """Every problem with its field path, on one line."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '<recipe>'}: {e['msg']}" for e in error.errors()
     )
 
 
@@ -220,13 +222,13 @@ def parse_recipe(
     try:
         data: Any = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise RecipeError(f"{origin}: invalid YAML: {error}") from error
+        raise RecipeError(f"{origin}: invalid YAML: {describe_yaml_error(error)}") from None
     if not isinstance(data, dict):
         raise RecipeError(f"{origin}: expected a mapping at the top level")
     try:
         return Recipe.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as error:
-        raise RecipeError(f"{origin}: invalid recipe\n{_format_errors(error)}") from error
+        raise RecipeError(f"{origin}: invalid recipe: {_format_errors(error)}") from None
 
 
 def shipped_recipes() -> dict[str, str]:

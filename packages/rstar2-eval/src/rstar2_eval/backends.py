@@ -9,7 +9,6 @@ import asyncio
 import hashlib
 import importlib.util
 import logging
-import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +17,8 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 from transformers import PreTrainedTokenizerBase
 
+from rstar2_data.hub import hub_problem, unreachable_message
+from rstar2_eval.checkpoints import local_checkpoint
 from rstar2_eval.errors import InputError
 from rstar2_eval.settings import EvalSettings
 from rstar2_sandbox.protocol import Sandbox
@@ -30,28 +31,25 @@ logger = logging.getLogger(__name__)
 EngineKind = Literal["auto", "vllm", "transformers"]
 TemplateChoice = Literal["auto", "checkpoint", "rstar2"]
 
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=15)
 
 
 def resolve_checkpoint(value: str) -> Path:
     """A local checkpoint directory for ``--model``: the directory itself, or a hub id fetched
-    into the Hugging Face cache (needs network access)."""
-    path = Path(value).expanduser()
-    if path.exists() or not _HUB_ID.match(value):
-        if not path.is_dir():
-            raise InputError("--model", f"{value}: no such checkpoint directory")
-        if not (path / "config.json").is_file():
-            raise InputError(
-                "--model", f"{value}: not a Hugging Face checkpoint directory (no config.json)"
-            )
-        return path.resolve()
+    into the Hugging Face cache (needs network access, or the model in that cache)."""
+    local = local_checkpoint(value)
+    if local is not None:
+        return local
     from huggingface_hub import snapshot_download
 
+    problem = hub_problem()
     try:
         return Path(snapshot_download(value))
     except Exception as error:  # offline, unknown repo, gated: all mean the same to the user
+        if problem is not None:
+            hint = "download it where the hub is reachable and pass its folder to --model"
+            raise InputError("--model", unreachable_message(value, problem, hint)) from None
         raise InputError(
             "--model",
             f"{value} is not a local directory and could not be fetched from the hub: "
@@ -82,10 +80,15 @@ def load_tokenizer(source: str, option: str) -> PreTrainedTokenizerBase:
     """``AutoTokenizer.from_pretrained(source)``, the way vLLM and other servers load it."""
     from transformers import AutoTokenizer
 
+    problem = None if Path(source).expanduser().exists() else hub_problem()
     try:
         tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(source)
     except Exception as error:
-        raise InputError(option, f"cannot load a tokenizer from {source}: {error}") from None
+        if problem is not None:
+            hint = f"download it where the hub is reachable and pass its folder to {option}"
+            raise InputError(option, unreachable_message(source, problem, hint)) from None
+        reason = " ".join(str(error).split())
+        raise InputError(option, f"cannot load a tokenizer from {source}: {reason}") from None
     return tokenizer
 
 

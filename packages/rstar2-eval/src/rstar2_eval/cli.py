@@ -12,6 +12,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rstar2_data.paths import checked_output_dir, checked_output_file
 from rstar2_data.protocol import ANSWER_OPEN
 from rstar2_data.terminal import FittedTable
 from rstar2_eval.cli_run import run
@@ -89,13 +90,17 @@ def score(
         Path | None,
         typer.Option(
             file_okay=False,
+            callback=checked_output_dir,
             help="Where to write <stem>.report.json, <stem>.problems.csv and, with --plot, "
             "<stem>.scores.png (<stem> is the generations file name without its suffix). "
             "Default: the generations file's directory.",
         ),
     ] = None,
     out_dir: Annotated[
-        Path | None, typer.Option(file_okay=False, hidden=True, help="Old name of --out.")
+        Path | None,
+        typer.Option(
+            file_okay=False, hidden=True, callback=checked_output_dir, help="Old name of --out."
+        ),
     ] = None,
     plot: Annotated[
         bool, typer.Option("--plot", help="Also write a PNG bar chart (needs the plot extra).")
@@ -104,6 +109,7 @@ def score(
         Path | None,
         typer.Option(
             dir_okay=False,
+            callback=checked_output_file,
             help="Also write one graded record per sample (rstar2-data GradedSample JSONL).",
         ),
     ] = None,

@@ -16,7 +16,9 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from rstar2_data.paths import checked_output_dir
 from rstar2_data.protocol import ANSWER_OPEN, REASON_OPEN
+from rstar2_eval.checkpoints import local_checkpoint
 from rstar2_eval.errors import InputError
 from rstar2_eval.pool import GradingError
 
@@ -94,6 +96,7 @@ def run(
         Path,
         typer.Option(
             file_okay=False,
+            callback=checked_output_dir,
             help="Output directory: generations.jsonl, generations.report.json, "
             "generations.problems.csv, generations.scores.png and run.json. Pointing a new run "
             "at a directory that holds the same run resumes it.",
@@ -326,6 +329,11 @@ def run(
         handlers=[_handler(errors)],
         force=True,
     )
+    if model is not None:
+        try:
+            local_checkpoint(model)  # before the slow imports below and any network access
+        except InputError as error:
+            raise _fail(errors, str(error)) from None
     try:
         from rstar2_eval.run_command import RunOptions, run_evaluation
         from rstar2_scheduler import TemplateError

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rstar2_data.answers import canonical_integer
+from rstar2_data.hub import HubUnreachableError, iter_hub_dataset
 from rstar2_data.jsonl import DataFileError, iter_jsonl_lines
 from rstar2_data.schemas import AnswerKind, MathProblem
 from rstar2_eval.errors import InputError
@@ -142,19 +143,26 @@ def load_local(spec: BenchmarkSpec, data_dir: Path) -> list[MathProblem]:
 
 
 def load_hub(spec: BenchmarkSpec) -> list[MathProblem]:
-    """Download from the Hugging Face hub with ``datasets`` (needs network access)."""
-    from datasets import load_dataset
-
+    """Download from the Hugging Face hub with ``datasets`` (needs network access, or the dataset
+    in the local cache); an unreachable hub is an ``InputError`` saying how to pass a local copy.
+    """
     hub = spec.hub
     if hub is None:
         raise InputError(spec.name, "the benchmark names no hub dataset; give its local copy")
+    hint = (
+        f"pass a folder holding a local copy ({spec.path or spec.name + '.jsonl'}) with "
+        "--data-dir; `rstar2-eval benchmarks` lists the file names"
+    )
 
     def rows() -> Iterable[tuple[int | None, Mapping[str, Any]]]:
         for config in hub.configs:
-            for row in load_dataset(hub.path, config, split=hub.split):
+            for row in iter_hub_dataset(hub.path, config=config, split=hub.split, hint=hint):
                 yield None, row
 
-    return _collect(spec, rows(), hub.path)
+    try:
+        return _collect(spec, rows(), hub.path)
+    except HubUnreachableError as error:
+        raise InputError(spec.name, str(error)) from None
 
 
 def load_benchmark(

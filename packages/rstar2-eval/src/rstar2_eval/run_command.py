@@ -32,6 +32,7 @@ from rstar2_eval.backends import (
     vllm_engine,
     weights_digest,
 )
+from rstar2_eval.checkpoints import local_checkpoint
 from rstar2_eval.errors import InputError
 from rstar2_eval.evaluation import EvalReport, evaluate
 from rstar2_eval.grading import Grader, GraderConfig
@@ -194,8 +195,11 @@ async def _endpoints(
 async def arun_evaluation(options: RunOptions, *, console: Console | None = None) -> EvalReport:
     """Evaluate as ``rstar2-eval run`` does: load the problem sets, start the sandbox, load the
     checkpoint or connect to the endpoints, run ``evaluate`` into ``options.out``, and close
-    what was started. Bad input raises ``InputError`` naming the option."""
+    what was started. Bad input raises ``InputError`` naming the option; local inputs are
+    checked before anything is fetched over the network."""
     sources = parse_sources(options.benchmarks)
+    if options.model is not None:
+        local_checkpoint(options.model)
     problem_sets = [load_source(source, options.data_dir) for source in sources]
     limited = [s.head(options.settings.limit) for s in problem_sets]
     async with AsyncExitStack() as stack:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict
+from rich import box
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -214,16 +215,22 @@ async def run_suite(
     return rows
 
 
-def table(rows: Sequence[BenchRow], title: str) -> Table:
-    """The rows as a rich table."""
-    out = Table(title=title)
-    for column in ("target", "snippet", "mode", "conc.", "calls", "failed", "calls/s", "p50 ms",
-                   "p90 ms", "p99 ms"):  # fmt: skip
+def table(rows: Sequence[BenchRow], title: str, *, target_column: bool = True) -> Table:
+    """The rows as a rich table; without ``target_column`` the title names the one target.
+
+    Rules under the header only, and one space between columns: without the target column the
+    table fits 80 columns with every header and value whole.
+    """
+    out = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, show_edge=False)
+    columns = ["target"] * target_column + ["snippet", "mode", "conc.", "calls", "failed",
+               "calls/s", "p50 ms", "p90 ms", "p99 ms"]  # fmt: skip
+    for column in columns:
         textual = column in ("target", "snippet", "mode")
         out.add_column(column, justify="left" if textual else "right")
     for r in rows:
-        out.add_row(
-            r.target, r.snippet, r.mode, str(r.concurrency), str(r.calls), str(r.failed),
+        cells = [r.target] * target_column + [
+            r.snippet, r.mode, str(r.concurrency), str(r.calls), str(r.failed),
             f"{r.calls_per_s:.0f}", f"{r.p50_ms:.1f}", f"{r.p90_ms:.1f}", f"{r.p99_ms:.1f}",
-        )  # fmt: skip
+        ]  # fmt: skip
+        out.add_row(*cells)
     return out

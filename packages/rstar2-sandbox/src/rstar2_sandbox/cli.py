@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import logging
-from typing import Annotated
+import os
+import socket
+from pathlib import Path
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -25,7 +29,7 @@ def cli() -> None:
 
 # Options shared by `serve` and `worker`: both run fork-servers with the same settings.
 Servers = Annotated[
-    int | None, typer.Option(help="Fork-servers to run (default: one per usable core).")
+    int | None, typer.Option(min=1, help="Fork-servers to run (default: one per usable core).")
 ]
 Preload = Annotated[
     str | None,
@@ -89,10 +93,59 @@ def _configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s: %(message)s")
 
 
+def _fail(message: str) -> NoReturn:
+    """One line on stderr and exit code 2: bad input or an unreachable service, no traceback."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before any fork-server starts: a busy port fails at once."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as error:
+        _fail(f"--host: cannot resolve {host!r}: {error.strerror}")
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError as error:
+        sock.close()
+        if error.errno == errno.EADDRINUSE:
+            _fail(f"--port: {host}:{port} is already in use; choose another port with --port")
+        if error.errno == errno.EACCES:
+            _fail(f"--port: no permission to listen on port {port}; use a port above 1023")
+        _fail(f"--host: cannot listen on {host}:{port}: {error.strerror}")
+    return sock
+
+
+def _check_redis(url: str) -> None:
+    """Fail in one line when the cluster's Redis is missing, malformed or unreachable."""
+    try:
+        import redis
+    except ImportError:
+        _fail("--redis needs the 'cluster' extra: pip install 'rstar2-sandbox[cluster]'")
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
+    except ValueError as error:
+        _fail(f"--redis: {error}")
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        _fail(f"--redis: cannot reach {url}: {error}")
+    finally:
+        client.close()
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8080,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="TCP port to listen on (0: any free port).")
+    ] = 8080,
     servers: Servers = None,
     slots: Annotated[
         int | None,
@@ -120,8 +173,13 @@ def serve(
         ),
     ] = 64,
     spool_dir: Annotated[
-        str | None,
-        typer.Option(help="Directory of those temporary files (default: the system's)."),
+        Path | None,
+        typer.Option(
+            exists=True,
+            file_okay=False,
+            writable=True,
+            help="Directory of those temporary files (default: the system's).",
+        ),
     ] = None,
     codejudge_output_chars: Annotated[
         int | None,
@@ -150,6 +208,9 @@ def serve(
     from rstar2_sandbox.dispatch import Dispatcher, LocalDispatcher
     from rstar2_sandbox.settings import ServerSettings
 
+    if redis is not None:
+        _check_redis(redis)
+    sock = _listen(host, port)
     _configure_logging(log_level)
     executor = _executor_settings(servers, slots, preload, isolate, tmp_size_mb, shm_size_mb)
     settings = ServerSettings(
@@ -159,7 +220,7 @@ def serve(
         max_batch=max_batch,
         max_body_bytes=max_body_mb << 20,
         response_buffer_mb=response_buffer_mb,
-        spool_dir=spool_dir,
+        spool_dir=None if spool_dir is None else str(spool_dir),
         codejudge_output_chars=codejudge_output_chars,
     )
     dispatcher: Dispatcher
@@ -171,7 +232,7 @@ def serve(
         cluster = ClusterSettings(key_prefix=redis_prefix, max_queue=max_queue)
         dispatcher = RedisDispatcher(redis, cluster)
     announce = logging.getLogger("rstar2_sandbox.serve").info
-    web.run_app(create_app(dispatcher, settings), host=host, port=port, print=announce)
+    web.run_app(create_app(dispatcher, settings), sock=sock, print=announce)
 
 
 @app.command()
@@ -221,6 +282,7 @@ def worker(
     """
     import asyncio
 
+    _check_redis(redis)
     from rstar2_sandbox.cluster import ClusterSettings
     from rstar2_sandbox.cluster.node import run_worker_node
 
@@ -245,34 +307,52 @@ def bench(
         str, typer.Option(help="Comma-separated snippets: trivial, stdlib, numpy, sympy.")
     ] = "trivial,numpy,sympy",
     sequential_calls: Annotated[
-        int, typer.Option(help="Calls made one at a time per snippet (latency; 0 to skip).")
+        int,
+        typer.Option(min=0, help="Calls made one at a time per snippet (latency; 0 to skip)."),
     ] = 200,
     batch_calls: Annotated[
-        int, typer.Option(help="Calls sent through the batch API per snippet (0 to skip).")
+        int, typer.Option(min=0, help="Calls sent through the batch API per snippet (0 to skip).")
     ] = 2000,
-    batch_size: Annotated[int, typer.Option(help="Calls per batch request.")] = 64,
+    batch_size: Annotated[int, typer.Option(min=1, help="Calls per batch request.")] = 64,
     concurrency: Annotated[
-        int, typer.Option(help="Batch requests in flight at once during the batch run.")
+        int, typer.Option(min=1, help="Batch requests in flight at once during the batch run.")
     ] = 8,
     json_out: Annotated[
-        str | None, typer.Option("--json", help="Also write the rows to this JSON file.")
+        Path | None,
+        typer.Option("--json", dir_okay=False, help="Also write the rows to this JSON file."),
     ] = None,
 ) -> None:
     """Drive a running service with trivial/numpy/sympy snippets; print calls/s and latencies."""
     import asyncio
     import json
-    import os
+    from urllib.parse import urlsplit
 
+    import aiohttp
     from rich.console import Console
 
-    from rstar2_sandbox.bench import run_suite, table
-    from rstar2_sandbox.client import SandboxClient
+    from rstar2_sandbox.bench import SNIPPETS, run_suite, table
+    from rstar2_sandbox.client import SandboxClient, SandboxClientError, SandboxUnavailableError
 
     names = [s.strip() for s in snippets.split(",") if s.strip()]
-    console = Console(width=max(120, Console().width))
+    unknown = sorted(set(names) - set(SNIPPETS))
+    if unknown or not names:
+        _fail(f"--snippets: unknown {unknown or names}; choose from {', '.join(SNIPPETS)}")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        _fail(f"--url: expected http://HOST:PORT of a running service, got {url!r}")
+    if json_out is not None and not os.access(json_out.parent.absolute(), os.W_OK | os.X_OK):
+        _fail(f"--json: cannot write into {json_out.parent.absolute()} (missing or not writable)")
+    console = Console()
 
     async def go() -> list[dict[str, object]]:
         async with SandboxClient(url, batch_size=batch_size, max_concurrency=concurrency) as client:
+            try:
+                await client.health()
+            except (aiohttp.ClientError, SandboxUnavailableError, TimeoutError) as error:
+                _fail(
+                    f"--url: no service answers at {url} ({error}); start one with "
+                    "'rstar2-sandbox serve' or pass its address with --url"
+                )
             rows = await run_suite(
                 client,
                 url,
@@ -282,18 +362,19 @@ def bench(
                 batch_chunk=batch_size * concurrency,
                 console=console,
             )
-        console.print(table(rows, f"rstar2-sandbox at {url} (load {os.getloadavg()[0]:.2f})"))
+        title = f"rstar2-sandbox at {url} (load {os.getloadavg()[0]:.2f})"
+        console.print(table(rows, title, target_column=False))
         return [row.model_dump() for row in rows]
 
     try:
         data = asyncio.run(go())
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--snippets") from exc
-    if json_out:
-        tmp = json_out + ".tmp"
-        with open(tmp, "w") as handle:
-            json.dump(data, handle, indent=2)
-        os.replace(tmp, json_out)
+    except (SandboxUnavailableError, SandboxClientError) as error:
+        typer.echo(f"error: the service at {url} failed during the benchmark: {error}", err=True)
+        raise typer.Exit(1) from None
+    if json_out is not None:
+        tmp = json_out.with_name(json_out.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(json_out)
 
 
 def main() -> None:

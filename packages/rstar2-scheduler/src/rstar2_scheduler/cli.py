@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rstar2_data.errors import describe_validation_error
 from rstar2_data.jsonl import atomic_write_text
+from rstar2_data.paths import checked_output_file
 from rstar2_data.terminal import FittedTable
 from rstar2_scheduler.policies import POLICY_NAMES, RESERVATIONS
 from rstar2_scheduler.sim.bench import (
@@ -47,6 +50,9 @@ class ReservationChoice(StrEnum):
 
 
 _DEFAULT_WORKLOAD = WorkloadConfig()
+# Sizes of the sweep: dense between two and three batches per engine (32 to 48 prompts on two
+# engines of 256 sequences), where the static split's queue stops fitting the cache.
+_SWEEP_PROMPTS = (1, 2, 4, 8, 16, 24, 32, 34, 36, 40, 44, 48, 64, 128)
 
 
 @app.callback()
@@ -175,10 +181,16 @@ def bench(
     ] = True,
     seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 0,
     plot: Annotated[
-        Path | None, typer.Option(help="Write a PNG timeline of engine utilization here.")
+        Path | None,
+        typer.Option(
+            callback=checked_output_file, help="Write a PNG timeline of engine utilization here."
+        ),
     ] = None,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the full report as JSON here.")
+        Path | None,
+        typer.Option(
+            "--json", callback=checked_output_file, help="Write the full report as JSON here."
+        ),
     ] = None,
 ) -> None:
     """Run the placement policies side by side on simulated engines in virtual time.
@@ -250,12 +262,18 @@ def plot(
     report: Annotated[
         Path, typer.Argument(exists=True, dir_okay=False, help="A report from 'bench --json'.")
     ],
-    out: Annotated[Path, typer.Option(help="Where to write the PNG timeline.")] = Path(
-        "bench_timeline.png"
-    ),
+    out: Annotated[
+        Path, typer.Option(callback=checked_output_file, help="Where to write the PNG timeline.")
+    ] = Path("bench_timeline.png"),
 ) -> None:
     """Draw the engine-utilization timeline of a saved benchmark report."""
-    loaded = BenchReport.model_validate_json(report.read_text())
+    try:
+        loaded = BenchReport.model_validate_json(report.read_bytes())
+    except ValidationError as error:
+        raise typer.BadParameter(
+            f"{report} is not a report of 'bench --json': {describe_validation_error(error)}",
+            param_hint="report",
+        ) from None
     Console().print(f"timeline: {_plot_report(loaded, out)}")
 
 
@@ -270,7 +288,7 @@ def sweep(
         typer.Option(
             min=1,
             help="Problems in the phase (32 rollouts each); repeat for several. "
-            "Default: 1 2 4 8 16 24 32 48 64 128.",
+            f"Default: {' '.join(map(str, _SWEEP_PROMPTS))}.",
         ),
     ] = None,
     seed: Annotated[
@@ -284,7 +302,10 @@ def sweep(
         ),
     ] = 0.1,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write every point as JSON here.")
+        Path | None,
+        typer.Option(
+            "--json", callback=checked_output_file, help="Write every point as JSON here."
+        ),
     ] = None,
 ) -> None:
     """static against kv-aware across workload sizes: the makespan of each, per size and seed.
@@ -292,7 +313,7 @@ def sweep(
     Every point is a 'bench' run of the two policies on the default workload and engines with
     the given number of prompts and seed; the speed-up is static's makespan over kv-aware's.
     """
-    counts = prompts or [1, 2, 4, 8, 16, 24, 32, 48, 64, 128]
+    counts = prompts or list(_SWEEP_PROMPTS)
     seeds = seed or [0, 1, 2]
     console = Console()
     table = Table(title="static against kv-aware across workload sizes (simulated time)")

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from typing import ClassVar, Literal, Self
+from typing import TYPE_CHECKING, ClassVar, Literal, Self, TypeAlias
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    # Annotations only: the simulator and the command line never load torch.
+    import torch
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 Capability = Literal["update_weights", "reset_prefix_cache", "sleep"]
 """Optional engine operations: receive new weights, forget cached prefixes, sleep and wake up."""
 
-NamedTensors = Iterable[tuple[str, torch.Tensor]]
+NamedTensors: TypeAlias = Iterable[tuple[str, "torch.Tensor"]]
 """Weights as ``(parameter name, tensor)`` pairs, e.g. ``model.state_dict().items()``; an
 iterable, so a trainer can stream them in buckets without holding a second copy."""
 

@@ -95,6 +95,7 @@ async def test_kv_budget_bounds_admission(model: Qwen2ForCausalLM, decode: str) 
     assert max(s.running for s in seen) == 2
     assert max(s.waiting for s in seen) >= 1
     assert all(s.used_tokens <= 80 and s.capacity_tokens == 100 for s in seen)
+    assert all(s.max_running == 8 for s in seen)  # max_batch_size
     assert max(s.used_tokens for s in seen) > 20
     assert (idle.running, idle.waiting, idle.used_tokens, idle.preemptions) == (0, 0, 0, 0)
 

@@ -136,4 +136,5 @@ async def test_generate_and_sleep_through_async_llm_calls() -> None:
     assert (await again).finish_reason == "stop"
     stats = engine.kv_stats()
     assert stats.capacity_tokens == 64 * 16
+    assert stats.max_running == 32  # the scheduler's max_num_seqs
     assert json.loads(stats.model_dump_json())["capacity_tokens"] == 1024

@@ -366,7 +366,8 @@ class StandInAsyncLLM:
                 None if quantization is None else SimpleNamespace(model_config=model_config)
             )
         self.vllm_config = SimpleNamespace(
-            cache_config=SimpleNamespace(num_gpu_blocks=64, block_size=16)
+            cache_config=SimpleNamespace(num_gpu_blocks=64, block_size=16),
+            scheduler_config=SimpleNamespace(max_num_seqs=32),
         )
         self.calls: list[tuple[Any, ...]] = []
         self.payloads: list[dict[str, Any]] = []

@@ -241,10 +241,40 @@ def test_an_engine_fills_its_batch_before_any_footprint_is_known() -> None:
 
 
 def test_the_batch_floor_keeps_the_static_split_of_the_prompts() -> None:
-    policy = floor_policy(engines=2, max_running=8, rollouts=32)
+    policy = floor_policy(engines=2, max_running=8, rollouts=40)
     placed = [place(policy, index) for index in range(16)]
-    # Rollouts 0-15 are engine 0's static share: it takes 8, the rest go where there is room.
+    # Rollouts 0-19 are engine 0's static share: it takes 8, the rest go where there is room.
     assert [r.slot.index for r in placed if r is not None] == [0] * 8 + [1] * 8
     for rollout in [r for r in placed if r is not None]:
         finish(policy, rollout, 300)
     assert all(load.in_engine == 0 for load in policy.loads.values())
+
+
+def test_a_phase_of_two_batches_per_engine_is_placed_at_once_as_the_static_split_does() -> None:
+    # 32 rollouts over two engines of 8: each static share (16) is two batches. Every rollout
+    # goes to its static engine at once, whatever the forecast or the cache say.
+    policy = floor_policy(engines=2, max_running=8, rollouts=32)
+    for slot in policy.slots:
+        assert isinstance(slot.engine, GaugeEngine)
+        slot.engine.used = CAPACITY
+    placed = [place(policy, index) for index in range(32)]
+    assert [r.slot.index for r in placed if r is not None] == [0] * 16 + [1] * 16
+    # One rollout more than two batches per engine: the floor and the forecast decide, and a
+    # full cache takes nothing but one rollout on each engine that has none.
+    longer = floor_policy(engines=2, max_running=8, rollouts=33)
+    for slot in longer.slots:
+        assert isinstance(slot.engine, GaugeEngine)
+        slot.engine.used = CAPACITY
+    assert [r.slot.index for r in fill(longer)] == [0, 1]
+
+
+def test_a_phase_is_placed_at_once_only_where_every_engine_reports_its_batch_limit() -> None:
+    slots = [EngineSlot(0, BatchEngine("e0", 8)), EngineSlot(1, GaugeEngine("e1"))]
+    for slot in slots:
+        assert isinstance(slot.engine, GaugeEngine)
+        slot.engine.used = CAPACITY
+    policy = LiveKVPolicy(slots, headroom=0.1)
+    policy.prepare([KV_TOKENS] * 4)
+    # e1's batch limit is unknown, so the phase's size in batches is too: with full caches
+    # each engine takes only the one rollout an engine with none always gets.
+    assert [r.slot.index for r in fill(policy)] == [0, 1]

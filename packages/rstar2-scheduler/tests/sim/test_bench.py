@@ -168,3 +168,35 @@ def test_cli_rejects_an_unknown_policy() -> None:
     result = CliRunner().invoke(app, ["bench", "--policy", "random"])
     assert result.exit_code != 0
     assert "random" in result.output
+
+
+@pytest.mark.slow
+def test_kv_aware_is_not_slower_than_a_static_split_on_a_phase_of_two_batches() -> None:
+    # 1,024 rollouts on two engines of 256 sequences. With the batch floor alone kv-aware took
+    # 344.7 s against the static split's 332.0 s: it held new rollouts back while the engine's
+    # batch was full, so the last ones started at 109 s instead of 29 s and the long ones
+    # among them set the makespan.
+    config = BenchConfig(
+        engines=2,
+        workload=WorkloadConfig(prompts=32),
+        policies=("static", "kv-aware"),
+        reservations=("live",),
+        lockstep_baseline=False,
+    )
+    runs = run_benchmark(config).runs
+    assert runs["kv-aware"].metrics.makespan_s <= runs["static"].metrics.makespan_s
+
+
+def test_sweep_writes_every_point_and_kv_aware_places_a_short_phase_as_static_does(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "sweep.json"
+    result = CliRunner().invoke(
+        app, ["sweep", "--prompts", "1", "--prompts", "2", "--seed", "3", "--json", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    points = json.loads(out.read_text())
+    assert [(p["prompts"], p["rollouts"], p["seed"]) for p in points] == [(1, 32, 3), (2, 64, 3)]
+    # A phase of at most two batches per engine: kv-aware runs the static split's schedule.
+    assert all(p["kv_aware_s"] == p["static_s"] > p["bound_s"] for p in points)
+    assert "lowest speed-up 1.000x" in result.output

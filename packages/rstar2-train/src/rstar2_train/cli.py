@@ -1,4 +1,9 @@
-"""The ``rstar2-train`` command line."""
+"""The ``rstar2-train`` command line.
+
+Heavy modules (torch, transformers, the other rstar2 packages' engines) load only once a command
+runs: configs are validated against rstar2-scheduler's and rstar2-algo's types, so even they are
+imported inside the commands, which keeps ``--help`` and argument errors fast.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +11,13 @@ import logging
 from pathlib import Path
 from typing import Annotated
 
-import transformers
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from rstar2_data.paths import checked_output_dir
 from rstar2_data.terminal import FittedTable
-from rstar2_eval import InputError
-from rstar2_train.config.loader import ConfigError, dump_config, load_config, shipped_configs
-from rstar2_train.demo import DemoOptions, run_demo
-from rstar2_train.progress import LogReporter, Reporter, RichReporter
-from rstar2_train.run_dir import RunError
-from rstar2_train.runner import run_stage
 
 app = typer.Typer(
     help="Train math reasoning models with a Python tool: SFT and GRPO-RoC stages.",
@@ -54,11 +53,13 @@ def _configure_logging(level: str) -> None:
         force=True,
     )
     # transformers' own bars (loading and writing shards) would break the live display.
+    import transformers
+
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def _fail(message: str) -> typer.Exit:
-    errors.print(f"[bold red]error:[/] {message}", highlight=False)
+    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -67,10 +68,16 @@ def stage(
     config: ConfigArgument,
     overrides: SetOption = None,
     out: Annotated[
-        str | None,
-        typer.Option(help="Run directory (overrides output_dir from the config)."),
+        Path | None,
+        typer.Option(
+            callback=checked_output_dir,
+            help="Run directory (overrides output_dir from the config).",
+        ),
     ] = None,
-    output: Annotated[str | None, typer.Option(hidden=True, help="Old name of --out.")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(hidden=True, callback=checked_output_dir, help="Old name of --out."),
+    ] = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -95,6 +102,11 @@ def stage(
     ] = "INFO",
 ) -> None:
     """Run one training stage (SFT or RL) to its end; the final weights go to OUT/final."""
+    from rstar2_train.config.loader import ConfigError, load_config
+    from rstar2_train.progress import LogReporter, Reporter, RichReporter
+    from rstar2_train.run_dir import RunError
+    from rstar2_train.runner import run_stage
+
     _configure_logging(log_level)
     settings = list(overrides or [])
     if out is not None and output is not None and out != output:
@@ -109,7 +121,7 @@ def stage(
     reporter: Reporter = RichReporter(errors) if progress else LogReporter()
     try:
         final = run_stage(resolved, resume=resume, allow_changes=allow_changes, reporter=reporter)
-    except (RunError, ValueError, FileNotFoundError, ImportError) as error:
+    except (RunError, ValueError, OSError, ImportError) as error:
         raise _fail(str(error)) from None
     errors.print(f"[bold green]done:[/] final weights in {final}")
 
@@ -117,6 +129,8 @@ def stage(
 @app.command()
 def configs() -> None:
     """List the shipped configs."""
+    from rstar2_train.config.loader import shipped_configs
+
     table = Table("name", "description")
     for name, description in shipped_configs().items():
         table.add_row(name, description)
@@ -126,6 +140,8 @@ def configs() -> None:
 @app.command()
 def show(config: ConfigArgument, overrides: SetOption = None) -> None:
     """Print a config resolved (extends and --set applied, every default spelled out)."""
+    from rstar2_train.config.loader import ConfigError, dump_config, load_config
+
     try:
         resolved = load_config(config, list(overrides or []))
     except ConfigError as error:
@@ -138,8 +154,9 @@ def demo(
     out: Annotated[
         Path,
         typer.Option(
+            callback=checked_output_dir,
             help="Where everything is kept (data, runs, evaluations, summary). Run again with "
-            "the same --out to skip finished stages and resume an interrupted one."
+            "the same --out to skip finished stages and resume an interrupted one.",
         ),
     ] = Path("runs/demo"),
     quick: Annotated[
@@ -181,6 +198,10 @@ def demo(
     """The whole loop on a CPU: build the synthetic tool tasks, train a tokenizer and a tiny model
     (SFT), run GRPO-RoC with real tool calls, evaluate both checkpoints on a held-out split with
     rstar2-eval, and print a before/after table."""
+    from rstar2_eval import InputError
+    from rstar2_train.demo import DemoOptions, run_demo
+    from rstar2_train.run_dir import RunError
+
     _configure_logging(log_level)
     options = DemoOptions(
         out=out,
@@ -192,5 +213,5 @@ def demo(
     )
     try:
         run_demo(options, console=errors)
-    except (RunError, ValueError, FileNotFoundError, ImportError, InputError) as error:
+    except (RunError, ValueError, OSError, ImportError, InputError) as error:
         raise _fail(str(error)) from None

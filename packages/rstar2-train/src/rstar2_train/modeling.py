@@ -18,6 +18,7 @@ from transformers import (
 )
 
 from rstar2_data import build_tokenizer
+from rstar2_data.hub import hub_problem, unreachable_message
 from rstar2_scheduler import ChatProtocol, install_chat_template
 from rstar2_scheduler.protocol import SPECIAL_TOKENS
 from rstar2_train.config.schema import ModelConfig, StageConfig, TokenizerTraining
@@ -80,11 +81,27 @@ class CheckpointNotFoundError(ValueError):
 
 
 def _check_source(path: str, what: str) -> None:
-    """A path that can only be local (hub ids are ``name`` or ``namespace/name``) must exist."""
+    """A path that can only be local (hub ids are ``name`` or ``namespace/name``) must exist; a
+    hub id is preceded by one probe of the hub, so an unreachable hub fails at once."""
     local = Path(path).expanduser()
     only_local = local.is_absolute() or path.startswith(".") or path.count("/") > 1
     if (only_local or local.exists()) and not local.is_dir():
         raise CheckpointNotFoundError(f"{what} {path!r}: no such checkpoint folder")
+    if not local.exists():
+        hub_problem()
+
+
+def _load_error(
+    path: str, what: str, error: OSError, *, setting: str | None = None
+) -> CheckpointNotFoundError:
+    """One line: an unreachable hub with how to give a local copy (in ``setting``, default
+    ``what``), else the library's reason."""
+    problem = hub_problem()
+    if problem is not None and not Path(path).expanduser().exists():
+        hint = f"download it where the hub is reachable and set {setting or what} to its folder"
+        return CheckpointNotFoundError(unreachable_message(f"{what} {path!r}", problem, hint))
+    reason = " ".join(str(error).split())
+    return CheckpointNotFoundError(f"{what} {path!r} could not be loaded: {reason}")
 
 
 def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
@@ -95,7 +112,9 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> PreTrainedT
             path, trust_remote_code=trust_remote_code
         )
     except OSError as error:
-        raise CheckpointNotFoundError(f"tokenizer {path!r} could not be loaded: {error}") from None
+        raise _load_error(
+            path, "tokenizer", error, setting="tokenizer.path (or model.path)"
+        ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -150,9 +169,7 @@ def build_model(
                 trust_remote_code=config.trust_remote_code,
             )
         except OSError as error:
-            raise CheckpointNotFoundError(
-                f"model.path {config.path!r} could not be loaded: {error}"
-            ) from None
+            raise _load_error(config.path, "model.path", error) from None
         embedded = int(model.config.vocab_size)
         if embedded < len(tokenizer):
             raise ValueError(

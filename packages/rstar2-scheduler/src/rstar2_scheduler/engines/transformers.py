@@ -214,6 +214,7 @@ class TransformersEngine(Engine):
             used_tokens=sum(row.length for row in self._running),
             running=len(self._running),
             waiting=len(self._pending),
+            max_running=self.config.max_batch_size,
         )
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:

@@ -241,6 +241,7 @@ class VLLMEngine(Engine):
         self._transport: Transport = transport if transport is not None else CudaIpcTransport()
         self._stats = _Statistics()
         self._capacity = 0
+        self._max_running: int | None = None
         self._workers: list[WorkerInfo] | None = None
         self._asleep: set[str] = set()
         self._discarded: str | None = None  # why the weights are not whole, if they are not
@@ -266,6 +267,7 @@ class VLLMEngine(Engine):
         self._llm = llm
         cache = llm.vllm_config.cache_config
         self._capacity = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+        self._max_running = int(llm.vllm_config.scheduler_config.max_num_seqs)
 
     async def start(self) -> None:
         if self._llm is not None:
@@ -293,6 +295,7 @@ class VLLMEngine(Engine):
             running=self._stats.running,
             waiting=self._stats.waiting,
             preemptions=self._stats.preemptions,
+            max_running=self._max_running,
         )
 
     def _refusal(self) -> str | None:

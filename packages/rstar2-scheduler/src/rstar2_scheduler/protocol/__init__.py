@@ -5,11 +5,7 @@ The protocol's text and types (tags, system prompt, chat template, ``ToolCall``)
 ``rstar2_data.protocol``; the names users of the scheduler need are re-exported here.
 """
 
-from rstar2_data.protocol import FunctionCall, ToolCall, count_answer_tags
-from rstar2_scheduler.protocol.chat import ChatConfig, ChatProtocol, Message, TemplateError
-from rstar2_scheduler.protocol.conversation import Conversation, Glue
-from rstar2_scheduler.protocol.prefix import check_prefix_preserving
-from rstar2_scheduler.protocol.template import (
+from rstar2_data.protocol import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
     CHAT_TEMPLATE,
@@ -26,9 +22,15 @@ from rstar2_scheduler.protocol.template import (
     TOOLS_OPEN,
     TURN_END,
     TURN_START,
-    install_chat_template,
+    FunctionCall,
+    ToolCall,
+    count_answer_tags,
     user_prompt,
 )
+from rstar2_scheduler.protocol.chat import ChatConfig, ChatProtocol, Message, TemplateError
+from rstar2_scheduler.protocol.conversation import Conversation, Glue
+from rstar2_scheduler.protocol.prefix import check_prefix_preserving
+from rstar2_scheduler.protocol.template import install_chat_template
 from rstar2_scheduler.protocol.tool_calls import ParsedTurn, ToolCallParser
 from rstar2_scheduler.protocol.tool_response import (
     DEFAULT_TOOL_OUTPUT_CHARS,

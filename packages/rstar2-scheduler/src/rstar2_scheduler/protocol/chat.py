@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedTokenizerBase
 
 from rstar2_data import ChatMessage, python_tool_schema
-from rstar2_scheduler.protocol.template import CHAT_TEMPLATE, REASON_OPEN, TURN_END, user_prompt
+from rstar2_data.protocol import CHAT_TEMPLATE, REASON_OPEN, TURN_END, user_prompt
 
 Message = dict[str, Any]
 

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 
-from rstar2_scheduler.protocol.chat import ChatProtocol, TemplateError
-from rstar2_scheduler.protocol.conversation import Conversation
-from rstar2_scheduler.protocol.template import (
+from rstar2_data.protocol import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
     REASON_CLOSE,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
 )
+from rstar2_scheduler.protocol.chat import ChatProtocol, TemplateError
+from rstar2_scheduler.protocol.conversation import Conversation
 
 
 def _sample_turns(chat: ChatProtocol) -> list[tuple[str, str | None]]:

@@ -2,53 +2,14 @@
 
 The template and the protocol's text (chat markers, tags, system prompt, user turn) live in
 rstar2-data (``rstar2_data.protocol``), the one definition that SFT data, rollouts and evaluation
-share; they are re-exported here for the scheduler's users.
+share.
 """
 
 from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from rstar2_data.protocol import (
-    ANSWER_CLOSE,
-    ANSWER_OPEN,
-    CHAT_TEMPLATE,
-    DEFAULT_SYSTEM_PROMPT,
-    PROTOCOL_TAGS,
-    REASON_CLOSE,
-    REASON_OPEN,
-    SPECIAL_TOKENS,
-    TOOL_CALL_CLOSE,
-    TOOL_CALL_OPEN,
-    TOOL_RESPONSE_CLOSE,
-    TOOL_RESPONSE_OPEN,
-    TOOLS_CLOSE,
-    TOOLS_OPEN,
-    TURN_END,
-    TURN_START,
-    user_prompt,
-)
-
-__all__ = [
-    "ANSWER_CLOSE",
-    "ANSWER_OPEN",
-    "CHAT_TEMPLATE",
-    "DEFAULT_SYSTEM_PROMPT",
-    "PROTOCOL_TAGS",
-    "REASON_CLOSE",
-    "REASON_OPEN",
-    "SPECIAL_TOKENS",
-    "TOOLS_CLOSE",
-    "TOOLS_OPEN",
-    "TOOL_CALL_CLOSE",
-    "TOOL_CALL_OPEN",
-    "TOOL_RESPONSE_CLOSE",
-    "TOOL_RESPONSE_OPEN",
-    "TURN_END",
-    "TURN_START",
-    "install_chat_template",
-    "user_prompt",
-]
+from rstar2_data.protocol import CHAT_TEMPLATE, SPECIAL_TOKENS
 
 
 def install_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from rstar2_data.errors import describe_yaml_error
 from rstar2_train.config.schema import StageConfig
 
 SHIPPED = files("rstar2_train").joinpath("configs")
@@ -63,7 +64,7 @@ def _read(name_or_path: str, base: Path | None, chain: list[str]) -> dict[str, A
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise ConfigError(f"{name_or_path}: not valid YAML: {error}") from None
+        raise ConfigError(f"{name_or_path}: not valid YAML: {describe_yaml_error(error)}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -96,7 +97,9 @@ def parse_override(assignment: str) -> dict[str, Any]:
     try:
         value: Any = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as error:
-        raise ConfigError(f"--set {assignment!r}: the value is not valid YAML: {error}") from None
+        raise ConfigError(
+            f"--set {assignment!r}: the value is not valid YAML: {describe_yaml_error(error)}"
+        ) from None
     for part in reversed(parts):
         value = {part: value}
     return value  # type: ignore[no-any-return]  # built as a dict by the loop
@@ -119,7 +122,7 @@ def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
 
 
 def describe(error: ValidationError) -> str:
-    """One line per problem: ``key.path: what is wrong (got VALUE)``."""
+    """Every problem as ``key.path: what is wrong (got VALUE)``, on one line."""
     lines = []
     for problem in error.errors():
         loc = [part for part in problem["loc"] if not str(part).startswith("function-")]
@@ -135,7 +138,7 @@ def describe(error: ValidationError) -> str:
         got = problem.get("input")
         shown = "" if isinstance(got, dict) or problem["type"] == "missing" else f" (got {got!r})"
         lines.append(f"{path}: {message}{shown}")
-    return "\n".join(lines)
+    return "; ".join(lines)
 
 
 def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> StageConfig:
@@ -146,7 +149,7 @@ def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> StageConfig
     try:
         return StageConfig.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(f"{name_or_path}: invalid config:\n{describe(error)}") from None
+        raise ConfigError(f"{name_or_path}: invalid config: {describe(error)}") from None
 
 
 def dump_config(config: StageConfig) -> str:

@@ -21,12 +21,13 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _exactly_one(section: BaseModel, names: tuple[str, ...], what: str) -> None:
+def _exactly_one(section: BaseModel, names: tuple[str, ...]) -> None:
+    # The section's own path prefixes the message in every error report (pydantic's ``loc``).
     given = [name for name in names if getattr(section, name) is not None]
     if len(given) != 1:
         options = ", ".join(names)
         found = ", ".join(given) or "none"
-        raise ValueError(f"{what}: set exactly one of {options} (got {found})")
+        raise ValueError(f"set exactly one of {options} (got {found})")
 
 
 class ModelInit(_Section):
@@ -74,7 +75,7 @@ class ModelConfig(_Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
-        _exactly_one(self, ("path", "init"), "model")
+        _exactly_one(self, ("path", "init"))
         return self
 
 
@@ -125,9 +126,9 @@ class DataSource(_Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
-        _exactly_one(self, ("build", "recipe", "file"), "data source")
+        _exactly_one(self, ("build", "recipe", "file"))
         if self.vars and self.recipe is None:
-            raise ValueError("data source: vars apply to a recipe only")
+            raise ValueError("vars apply to a recipe only")
         return self
 
 
@@ -252,7 +253,7 @@ class SFTConfig(_Section):
 
     @model_validator(mode="after")
     def _length(self) -> Self:
-        _exactly_one(self, ("epochs", "max_steps"), "sft")
+        _exactly_one(self, ("epochs", "max_steps"))
         return self
 
 
