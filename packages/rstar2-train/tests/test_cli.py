@@ -62,6 +62,31 @@ def test_bad_input_is_one_line_without_a_traceback(
     assert message in line
 
 
+def test_an_unreachable_hub_model_fails_before_the_data_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rstar2_data.hub import hub_problem
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub_problem.cache_clear()  # probed once per process: forget what earlier tests found
+    try:
+        hub_model = ["model.path=org/no-such-model", "model.init=null", "tokenizer.train=null"]
+        overrides = [part for setting in hub_model for part in ("--set", setting)]
+        result = runner.invoke(
+            app, ["stage", "tiny-sft", *overrides, "--out", str(tmp_path / "run")]
+        )
+    finally:
+        hub_problem.cache_clear()
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert (
+        "could not reach model.path 'org/no-such-model' on the Hugging Face hub "
+        "(HF_HUB_OFFLINE is set); download it where the hub is reachable and set model.path "
+        "to its folder"
+    ) in " ".join(result.output.split())
+    assert not (tmp_path / "run" / "data").exists()  # failed before building any data
+
+
 def test_output_is_a_hidden_old_name_of_out(tmp_path: Path) -> None:
     old = runner.invoke(app, ["stage", "tiny-rl", "--resume", "--output", str(tmp_path / "run")])
     assert old.exit_code == 2

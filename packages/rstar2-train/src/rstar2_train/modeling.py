@@ -76,19 +76,45 @@ def resolve_attention(config: StageConfig) -> StageConfig:
     return config.model_copy(update={"model": model})
 
 
+TOKENIZER_SETTING = "tokenizer.path (or model.path)"
+
+
 class CheckpointNotFoundError(ValueError):
     """A model or tokenizer path that is neither a checkpoint folder nor a loadable hub id."""
 
 
-def _check_source(path: str, what: str) -> None:
-    """A path that can only be local (hub ids are ``name`` or ``namespace/name``) must exist; a
-    hub id is preceded by one probe of the hub, so an unreachable hub fails at once."""
+def _unreachable(
+    path: str, what: str, problem: str, setting: str | None
+) -> CheckpointNotFoundError:
+    hint = f"download it where the hub is reachable and set {setting or what} to its folder"
+    return CheckpointNotFoundError(unreachable_message(f"{what} {path!r}", problem, hint))
+
+
+def _cached(repo_id: str, filename: str) -> bool:
+    """Whether the hub cache holds ``filename`` of ``repo_id`` (usable with the hub offline)."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, filename), str)
+    except HFValidationError:
+        return False
+
+
+def check_source(
+    path: str, what: str, *, marker: str = "config.json", setting: str | None = None
+) -> None:
+    """Fail at once, in one line, on a checkpoint that cannot be loaded: a path that can only be
+    local (hub ids are ``name`` or ``namespace/name``) must be a folder; a hub id needs the hub
+    (probed once) or the file ``marker`` of it in the local hub cache."""
     local = Path(path).expanduser()
     only_local = local.is_absolute() or path.startswith(".") or path.count("/") > 1
     if (only_local or local.exists()) and not local.is_dir():
         raise CheckpointNotFoundError(f"{what} {path!r}: no such checkpoint folder")
     if not local.exists():
-        hub_problem()
+        problem = hub_problem()
+        if problem is not None and not _cached(path, marker):
+            raise _unreachable(path, what, problem, setting)
 
 
 def _load_error(
@@ -98,23 +124,20 @@ def _load_error(
     ``what``), else the library's reason."""
     problem = hub_problem()
     if problem is not None and not Path(path).expanduser().exists():
-        hint = f"download it where the hub is reachable and set {setting or what} to its folder"
-        return CheckpointNotFoundError(unreachable_message(f"{what} {path!r}", problem, hint))
+        return _unreachable(path, what, problem, setting)
     reason = " ".join(str(error).split())
     return CheckpointNotFoundError(f"{what} {path!r} could not be loaded: {reason}")
 
 
 def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """A checkpoint's tokenizer (its own chat template is kept; rstar2's is the default use)."""
-    _check_source(path, "tokenizer path")
+    check_source(path, "tokenizer", marker="tokenizer_config.json", setting=TOKENIZER_SETTING)
     try:
         tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
             path, trust_remote_code=trust_remote_code
         )
     except OSError as error:
-        raise _load_error(
-            path, "tokenizer", error, setting="tokenizer.path (or model.path)"
-        ) from None
+        raise _load_error(path, "tokenizer", error, setting=TOKENIZER_SETTING) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -160,7 +183,7 @@ def build_model(
     dtype = DTYPES[config.dtype]
     attention = choose_attention(config.attn_implementation, on_gpu=False, packed=False)
     if config.path is not None:
-        _check_source(config.path, "model.path")
+        check_source(config.path, "model.path")
         try:
             model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
                 config.path,

@@ -28,7 +28,9 @@ from rstar2_train.config.schema import StageConfig
 from rstar2_train.data import DataOrder
 from rstar2_train.metrics import MetricsLog, read_metrics
 from rstar2_train.modeling import (
+    TOKENIZER_SETTING,
     build_model,
+    check_source,
     load_tokenizer,
     resolve_attention,
     resolve_device,
@@ -70,6 +72,8 @@ class StageRun:
             read_state(self.checkpoint) if self.checkpoint is not None else None
         )
         self.start_step = self.state.step if self.state is not None else 0
+        if self.checkpoint is None:
+            self._check_sources()
         self._training: tuple[TrainingActor, PreTrainedTokenizerBase, DataOrder] | None = None
         if self.checkpoint is not None:
             logger.info("resuming %s from %s", config.name, self.checkpoint)
@@ -99,6 +103,18 @@ class StageRun:
             tensorboard=self.dir.tensorboard if config.logging.tensorboard else None,
             wandb=self.wandb,
         )
+
+    def _check_sources(self) -> None:
+        """The model and tokenizer can be loaded (local folder, reachable hub or hub cache):
+        checked before the data is built, so a wrong path fails in seconds."""
+        model = self.config.model
+        if model.path is not None:
+            check_source(model.path, "model.path")
+        path = self.config.tokenizer.path or model.path
+        if self.config.tokenizer.train is None and path is not None:
+            check_source(
+                path, "tokenizer", marker="tokenizer_config.json", setting=TOKENIZER_SETTING
+            )
 
     def tokenizer(self, training_texts: Callable[[], Iterable[str]]) -> PreTrainedTokenizerBase:
         """The checkpoint's tokenizer when resuming; else the configured (or trained) one."""
