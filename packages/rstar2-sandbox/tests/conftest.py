@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -34,6 +36,25 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def start_serve(*options: str, timeout_s: float = 60) -> tuple[str, subprocess.Popen[bytes]]:
+    """``rstar2-sandbox serve OPTIONS`` in its own process on a free loopback port, returned
+    once ``/healthz`` answers: its base URL and process (the caller stops it)."""
+    port = free_port()
+    command = [sys.executable, "-m", "rstar2_sandbox.cli", "serve", "--port", str(port)]
+    server = subprocess.Popen([*command, *options])
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url + "/healthz", timeout=2).close()
+            return url, server
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise
+            time.sleep(0.3)
 
 
 def cpython_run(code: str, stdin: str = "") -> subprocess.CompletedProcess[str]:

@@ -4,10 +4,6 @@ inside one."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -15,7 +11,7 @@ from typer.testing import CliRunner
 
 from rstar2_sandbox.cli import app
 
-from .conftest import free_port  # type: ignore[import-not-found]
+from .conftest import start_serve  # type: ignore[import-not-found]
 
 
 def words(text: str) -> set[str]:
@@ -35,22 +31,8 @@ def test_help_fits_80_columns_without_cutting_a_word(command: list[str]) -> None
 def served() -> Iterator[str]:
     """``rstar2-sandbox serve`` in its own process (one fork-server, no preloads) until the test
     ends; its base URL."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-c", "from rstar2_sandbox.cli import main; main()", "serve"]
-    server = subprocess.Popen(
-        [*command, "--port", str(port), "--servers", "1", "--preload", "", "--log-level", "ERROR"]
-    )
+    url, server = start_serve("--servers", "1", "--preload", "", "--log-level", "ERROR")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/healthz", timeout=2).close()
-                break
-            except OSError:
-                assert server.poll() is None, "rstar2-sandbox serve exited"
-                assert time.monotonic() < deadline, "rstar2-sandbox serve did not start"
-                time.sleep(0.2)
         yield url
     finally:
         server.send_signal(signal.SIGINT)

@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -15,7 +14,7 @@ import pytest
 
 from rstar2_sandbox import RunRequest, RunStatus, SandboxClient
 
-from .conftest import children_of, free_port  # type: ignore[import-not-found]
+from .conftest import children_of, start_serve  # type: ignore[import-not-found]
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
@@ -41,25 +40,7 @@ def tree(pid: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "rstar2_sandbox.cli", "serve", "--port", str(port),
-         "--log-level", "WARNING"],
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            import urllib.request
-
-            with urllib.request.urlopen(url + "/healthz", timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                raise
-            time.sleep(0.5)
+    url, server = start_serve("--log-level", "WARNING", timeout_s=120)
     yield url, server
     processes = tree(server.pid)
     server.send_signal(signal.SIGINT)

@@ -7,9 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
@@ -30,7 +27,7 @@ from rstar2_sandbox.api.codejudge import BatchResult
 from rstar2_sandbox.api.streaming import ResponseBudget, ResultSpool
 from rstar2_sandbox.dispatch import QueueFullError
 
-from .conftest import free_port  # type: ignore[import-not-found]
+from .conftest import free_port, start_serve  # type: ignore[import-not-found]
 
 in_session_loop = pytest.mark.asyncio(loop_scope="session")
 
@@ -236,26 +233,9 @@ def peak_rss_mib(pid: int) -> float:
 
 @pytest.fixture(scope="module")
 def served_small_budget() -> Iterator[tuple[str, int]]:
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "rstar2_sandbox.cli", "serve", "--port", str(port),
-         "--servers", "1", "--preload", "", "--response-buffer-mb", "16",
-         "--log-level", "WARNING"],
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            import urllib.request
-
-            with urllib.request.urlopen(url + "/healthz", timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                raise
-            time.sleep(0.3)
+    url, server = start_serve(
+        "--servers", "1", "--preload", "", "--response-buffer-mb", "16", "--log-level", "WARNING"
+    )
     yield url, server.pid
     server.send_signal(signal.SIGINT)
     server.wait(30)

@@ -22,7 +22,9 @@ import torch
 from rstar2_algo.logprobs import (
     ACCELERATOR_CHUNK_ELEMENTS,
     CPU_CHUNK_ELEMENTS,
+    _check_chunk_size,
     _check_temperature,
+    _check_token_ids,
     _compute_dtype,
 )
 
@@ -230,20 +232,10 @@ def _check(
             f"bias must have shape ({weight.shape[0]},) and the weight's dtype and device, got "
             f"{tuple(bias.shape)} {bias.dtype} on {bias.device}"
         )
-    if tuple(token_ids.shape) != tuple(hidden.shape[:-1]):
-        raise ValueError(
-            f"token_ids shape {tuple(token_ids.shape)} must equal the hidden shape without its "
-            f"last dim, {tuple(hidden.shape[:-1])}"
-        )
-    if token_ids.is_floating_point() or token_ids.dtype == torch.bool:
-        raise ValueError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
-    if token_ids.device != hidden.device:
-        raise ValueError(f"token_ids are on {token_ids.device} but hidden on {hidden.device}")
+    _check_token_ids(token_ids, hidden, "hidden")
     _check_temperature(temperature)
     if chunk_size is None:
         vocab, cpu = weight.shape[0], hidden.device.type == "cpu"
         budget = CPU_CHUNK_ELEMENTS if cpu else ACCELERATOR_CHUNK_ELEMENTS
         return max(CPU_MIN_ROWS if cpu else ACCELERATOR_MIN_ROWS, budget // vocab)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int (rows per chunk), got {chunk_size!r}")
-    return chunk_size
+    return _check_chunk_size(chunk_size)

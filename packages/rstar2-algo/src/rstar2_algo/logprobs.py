@@ -48,9 +48,27 @@ def _check_common(logits: torch.Tensor, temperature: float, chunk_size: int | No
     if chunk_size is None:
         budget = CPU_CHUNK_ELEMENTS if logits.device.type == "cpu" else ACCELERATOR_CHUNK_ELEMENTS
         return max(1, budget // logits.shape[-1])
+    return _check_chunk_size(chunk_size)
+
+
+def _check_chunk_size(chunk_size: int) -> int:
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int (rows per chunk), got {chunk_size!r}")
     return chunk_size
+
+
+def _check_token_ids(token_ids: torch.Tensor, scored: torch.Tensor, name: str) -> None:
+    """``token_ids`` name one target per row of ``scored`` (its shape without the last dim):
+    integers on ``scored``'s device."""
+    if tuple(token_ids.shape) != tuple(scored.shape[:-1]):
+        raise ValueError(
+            f"token_ids shape {tuple(token_ids.shape)} must equal the {name} shape without its "
+            f"last dim, {tuple(scored.shape[:-1])}"
+        )
+    if token_ids.is_floating_point() or token_ids.dtype == torch.bool:
+        raise ValueError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
+    if token_ids.device != scored.device:
+        raise ValueError(f"token_ids are on {token_ids.device} but {name} on {scored.device}")
 
 
 def _blocks(logits: torch.Tensor, rows: int, prefix: tuple[int, ...] = ()) -> Iterator[Block]:
@@ -142,15 +160,7 @@ def selective_log_softmax(
     Pass the sampling temperature so the log-probs match the distribution that was sampled.
     """
     rows = _check_common(logits, temperature, chunk_size)
-    if tuple(token_ids.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(
-            f"token_ids shape {tuple(token_ids.shape)} must equal the logits shape "
-            f"without its vocabulary dim, {tuple(logits.shape[:-1])}"
-        )
-    if token_ids.is_floating_point() or token_ids.dtype == torch.bool:
-        raise ValueError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
-    if token_ids.device != logits.device:
-        raise ValueError(f"token_ids are on {token_ids.device} but logits on {logits.device}")
+    _check_token_ids(token_ids, logits, "logits")
     ids = token_ids.to(torch.long).contiguous()
     # torch declares Function.apply without types.
     result: torch.Tensor = _SelectiveLogSoftmax.apply(  # type: ignore[no-untyped-call]

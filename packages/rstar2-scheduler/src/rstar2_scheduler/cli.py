@@ -117,6 +117,12 @@ def _print_report(report: BenchReport, console: Console) -> None:
         console.print(FittedTable(targets))
 
 
+KVHeadroomOption = Annotated[
+    float,
+    typer.Option(min=0.0, max=0.99, help="kv-aware 'live': fraction of each KV cache kept free."),
+]
+
+
 @app.command()
 def bench(
     engines: Annotated[int, typer.Option(min=1, help="Simulated inference engines.")] = 8,
@@ -160,12 +166,7 @@ def bench(
             min=0.01, help="kv-aware 'max': reservations may reach this times the capacity."
         ),
     ] = 1 / 0.7,
-    kv_headroom: Annotated[
-        float,
-        typer.Option(
-            min=0.0, max=0.99, help="kv-aware 'live': fraction of each KV cache kept free."
-        ),
-    ] = 0.1,
+    kv_headroom: KVHeadroomOption = 0.1,
     max_concurrency: Annotated[
         int | None, typer.Option(min=1, help="Most rollouts in flight; default: no cap.")
     ] = None,
@@ -295,12 +296,7 @@ def sweep(
         list[int] | None,
         typer.Option(help="Workload seed; repeat for several. Default: 0 1 2."),
     ] = None,
-    kv_headroom: Annotated[
-        float,
-        typer.Option(
-            min=0.0, max=0.99, help="kv-aware 'live': fraction of each KV cache kept free."
-        ),
-    ] = 0.1,
+    kv_headroom: KVHeadroomOption = 0.1,
     json_out: Annotated[
         Path | None,
         typer.Option(
