@@ -50,9 +50,10 @@ class ReservationChoice(StrEnum):
 
 
 _DEFAULT_WORKLOAD = WorkloadConfig()
-# Sizes of the sweep: dense between two and three batches per engine (32 to 48 prompts on two
-# engines of 256 sequences), where the static split's queue stops fitting the cache.
-_SWEEP_PROMPTS = (1, 2, 4, 8, 16, 24, 32, 34, 36, 40, 44, 48, 64, 128)
+# Sizes of the sweep: dense from 32 to 48 prompts on two engines, where the static split's queue
+# stops fitting the cache; 38 is the largest phase kv-aware places at once, 39 the smallest it
+# places by its forecast.
+_SWEEP_PROMPTS = (1, 2, 4, 8, 16, 24, 32, 34, 36, 38, 39, 40, 44, 48, 64, 128)
 
 
 @app.callback()
@@ -121,6 +122,20 @@ KVHeadroomOption = Annotated[
     float,
     typer.Option(min=0.0, max=0.99, help="kv-aware 'live': fraction of each KV cache kept free."),
 ]
+BudgetOption = Annotated[
+    int, typer.Option(min=1, help="Response budget per rollout (tokens, all turns).")
+]
+KVTokensOption = Annotated[
+    int, typer.Option(min=1, help="KV cache capacity of each engine, in tokens.")
+]
+MaxNumSeqsOption = Annotated[
+    int, typer.Option(min=1, help="Most sequences an engine batches at once.")
+]
+
+
+def _engine_config(kv_tokens: int, max_num_seqs: int) -> SimEngineConfig:
+    blocks = -(-kv_tokens // _DEFAULT_ENGINE.block_size)
+    return _DEFAULT_ENGINE.model_copy(update={"num_blocks": blocks, "max_num_seqs": max_num_seqs})
 
 
 @app.command()
@@ -132,18 +147,12 @@ def bench(
     rollouts_per_prompt: Annotated[
         int, typer.Option(min=1, help="Rollouts per problem.")
     ] = _DEFAULT_WORKLOAD.rollouts_per_prompt,
-    budget: Annotated[
-        int, typer.Option(min=1, help="Response budget per rollout (tokens, all turns).")
-    ] = _DEFAULT_WORKLOAD.response_budget,
+    budget: BudgetOption = _DEFAULT_WORKLOAD.response_budget,
     max_turns: Annotated[
         int, typer.Option(min=1, help="Most model turns per rollout.")
     ] = _DEFAULT_WORKLOAD.max_turns,
-    kv_tokens: Annotated[
-        int, typer.Option(min=1, help="KV cache capacity of each engine, in tokens.")
-    ] = _DEFAULT_ENGINE.capacity_tokens,
-    max_num_seqs: Annotated[
-        int, typer.Option(min=1, help="Most sequences an engine batches at once.")
-    ] = _DEFAULT_ENGINE.max_num_seqs,
+    kv_tokens: KVTokensOption = _DEFAULT_ENGINE.capacity_tokens,
+    max_num_seqs: MaxNumSeqsOption = _DEFAULT_ENGINE.max_num_seqs,
     policy: Annotated[
         list[PolicyChoice] | None,
         typer.Option(help="Policy to run; repeat for several. Default: all three."),
@@ -201,7 +210,6 @@ def bench(
     """
     chosen = tuple(p.value for p in policy) if policy else POLICY_NAMES
     modes = tuple(r.value for r in reservation) if reservation else RESERVATIONS
-    blocks = -(-kv_tokens // _DEFAULT_ENGINE.block_size)
     config = BenchConfig(
         engines=engines,
         workload=_DEFAULT_WORKLOAD.model_copy(
@@ -213,9 +221,7 @@ def bench(
                 "seed": seed,
             }
         ),
-        engine=_DEFAULT_ENGINE.model_copy(
-            update={"num_blocks": blocks, "max_num_seqs": max_num_seqs}
-        ),
+        engine=_engine_config(kv_tokens, max_num_seqs),
         policies=chosen,
         reservations=modes,
         overcommit=overcommit,
@@ -296,6 +302,9 @@ def sweep(
         list[int] | None,
         typer.Option(help="Workload seed; repeat for several. Default: 0 1 2."),
     ] = None,
+    budget: BudgetOption = _DEFAULT_WORKLOAD.response_budget,
+    kv_tokens: KVTokensOption = _DEFAULT_ENGINE.capacity_tokens,
+    max_num_seqs: MaxNumSeqsOption = _DEFAULT_ENGINE.max_num_seqs,
     kv_headroom: KVHeadroomOption = 0.1,
     json_out: Annotated[
         Path | None,
@@ -307,7 +316,8 @@ def sweep(
     """static against kv-aware across workload sizes: the makespan of each, per size and seed.
 
     Every point is a 'bench' run of the two policies on the default workload and engines with
-    the given number of prompts and seed; the speed-up is static's makespan over kv-aware's.
+    the given number of prompts, seed, budget, cache and batch; the speed-up is static's
+    makespan over kv-aware's.
     """
     counts = prompts or list(_SWEEP_PROMPTS)
     seeds = seed or [0, 1, 2]
@@ -321,7 +331,12 @@ def sweep(
     ) as progress:
         task = progress.add_task("sweep", total=len(counts) * len(seeds) * len(engines or [2]))
         for engine_count in engines or [2]:
-            config = BenchConfig(engines=engine_count, kv_headroom=kv_headroom)
+            config = BenchConfig(
+                engines=engine_count,
+                workload=_DEFAULT_WORKLOAD.model_copy(update={"response_budget": budget}),
+                engine=_engine_config(kv_tokens, max_num_seqs),
+                kv_headroom=kv_headroom,
+            )
             points += run_sweep(config, counts, seeds, on_point=lambda _: progress.advance(task))
     for point in points:
         table.add_row(

@@ -221,20 +221,20 @@ class LiveKVPolicy(Policy):
     prompt's rollouts stay together, sharing its cached prefix), else to the engine with the
     fewest rollouts. Engines that report no ``max_running`` have no floor.
 
-    A phase of at most ``UPFRONT_BATCHES`` batches per engine is placed as the static split
-    places it: every rollout at once, on its static engine. Its engines' queues then hold at
-    most one batch of first turns behind the running one, so every rollout starts early in the
-    phase. Holding rollouts back in so short a phase protects nothing and only delays
-    their start: a long rollout decodes for most of the phase in a full batch, so one started
-    late sets the makespan. With the floor alone, phases of two batches per engine ran up to
-    4.4% slower than the static split; from three batches per engine on, the cache binds, the
-    static split's queue evicts the prefixes of rollouts waiting on tools, and the forecast wins.
-    Just above two batches per engine kv-aware can still lose (0.935x at worst) to a static split
-    whose queue happens to fit the cache: whether it fits depends on footprints the phase has
-    not shown by the time the static split has started every rollout.
+    A phase whose rollouts reserve (``kv_tokens``: prompt + maximum response) at most
+    ``UPFRONT_RESERVATION`` times the engines' total KV capacity is placed as the static split
+    places it: every rollout at once, on its static engine. The engines' queues then start every
+    rollout early in the phase, and on such a phase their caches hold what the rollouts come to
+    need. Holding rollouts back there protects nothing and only delays their start: a long
+    rollout decodes for most of the phase in a full batch, so one started late sets the
+    makespan. Above that size the static split's queue outgrows the cache and evicts the
+    prefixes of rollouts waiting on tools, and the forecast and the floor win. Whether the
+    queue fits depends on the cache, not the batch: the ratio was measured (scheduler README)
+    where kv-aware stopped losing with the default cache, with twice that cache and with half
+    the batch, at the same reservation per rollout.
     """
 
-    UPFRONT_BATCHES: ClassVar[int] = 2
+    UPFRONT_RESERVATION: ClassVar[float] = 8.6
 
     name = "kv-aware"
 
@@ -254,6 +254,7 @@ class LiveKVPolicy(Policy):
 
     def prepare(self, reservations: Sequence[int]) -> None:
         self._static = static_split(len(reservations), len(self.slots))
+        self._reserved = sum(reservations)
         self._upfront: bool | None = None  # decided at the first placement, engines started
         self.forecast = FootprintForecast(max(reservations), min_at_risk=self.min_at_risk)
         bins = self.forecast.bins
@@ -375,7 +376,7 @@ class LiveKVPolicy(Policy):
                 f"({max(capacities.values())} tokens at most)"
             )
         if self._upfront is None:
-            self._upfront = self._fits_upfront()
+            self._upfront = self._reserved <= self.UPFRONT_RESERVATION * sum(capacities.values())
         if self._upfront:
             static = self.slots[self._static[index]] if index < len(self._static) else None
             if static is not None and static.healthy and kv_tokens <= capacities[static.index]:
@@ -405,16 +406,6 @@ class LiveKVPolicy(Policy):
             ):
                 best = (peak, slot)
         return None if best is None else best[1]
-
-    def _fits_upfront(self) -> bool:
-        """Whether the phase has at most ``UPFRONT_BATCHES`` batches per engine (every engine
-        must report its batch limit)."""
-        limits = [slot.engine.kv_stats().max_running for slot in self.slots]
-        if any(limit is None for limit in limits):
-            return False
-        return len(self._static) <= self.UPFRONT_BATCHES * sum(
-            limit for limit in limits if limit is not None
-        )
 
     def _batch_floor(
         self, index: int, slots: Sequence[EngineSlot], capacities: dict[int, int], prompt: int

@@ -10,6 +10,9 @@ from rstar2_scheduler.policies import EngineSlot, LiveKVPolicy, RolloutState
 
 CAPACITY = 10_000
 KV_TOKENS = 1000  # every rollout's prompt + max response
+# Rollouts in a phase: reserving 1,000 x 1,000 tokens, far more than 8.6 x the cache of a few
+# engines, so the forecast decides (a smaller phase would be placed at once).
+PHASE = 1000
 
 
 class GaugeEngine(Engine):
@@ -29,7 +32,7 @@ class GaugeEngine(Engine):
 def live_policy(engines: int = 1, *, headroom: float = 0.1) -> LiveKVPolicy:
     slots = [EngineSlot(i, GaugeEngine(f"e{i}")) for i in range(engines)]
     policy = LiveKVPolicy(slots, headroom=headroom)
-    policy.prepare([KV_TOKENS])
+    policy.prepare([KV_TOKENS] * PHASE)
     return policy
 
 
@@ -241,40 +244,55 @@ def test_an_engine_fills_its_batch_before_any_footprint_is_known() -> None:
 
 
 def test_the_batch_floor_keeps_the_static_split_of_the_prompts() -> None:
-    policy = floor_policy(engines=2, max_running=8, rollouts=40)
+    policy = floor_policy(engines=2, max_running=8, rollouts=PHASE)
     placed = [place(policy, index) for index in range(16)]
-    # Rollouts 0-19 are engine 0's static share: it takes 8, the rest go where there is room.
+    # Rollouts 0-499 are engine 0's static share: it takes 8, the rest go where there is room.
     assert [r.slot.index for r in placed if r is not None] == [0] * 8 + [1] * 8
     for rollout in [r for r in placed if r is not None]:
         finish(policy, rollout, 300)
     assert all(load.in_engine == 0 for load in policy.loads.values())
 
 
-def test_a_phase_of_two_batches_per_engine_is_placed_at_once_as_the_static_split_does() -> None:
-    # 32 rollouts over two engines of 8: each static share (16) is two batches. Every rollout
-    # goes to its static engine at once, whatever the forecast or the cache say.
-    policy = floor_policy(engines=2, max_running=8, rollouts=32)
+def engines_of(policy: LiveKVPolicy, rollouts: int) -> list[int]:
+    """The engine of each of the phase's rollouts the policy places now, in order."""
+    placed = [place(policy, index) for index in range(rollouts)]
+    return [r.slot.index for r in placed if r is not None]
+
+
+def full_caches(policy: LiveKVPolicy) -> LiveKVPolicy:
     for slot in policy.slots:
         assert isinstance(slot.engine, GaugeEngine)
         slot.engine.used = CAPACITY
-    placed = [place(policy, index) for index in range(32)]
-    assert [r.slot.index for r in placed if r is not None] == [0] * 16 + [1] * 16
-    # One rollout more than two batches per engine: the floor and the forecast decide, and a
-    # full cache takes nothing but one rollout on each engine that has none.
-    longer = floor_policy(engines=2, max_running=8, rollouts=33)
-    for slot in longer.slots:
-        assert isinstance(slot.engine, GaugeEngine)
-        slot.engine.used = CAPACITY
+    return policy
+
+
+def test_a_phase_that_reserves_little_cache_is_placed_at_once_as_the_static_split_does() -> None:
+    # Two engines of 10,000 tokens: rollouts of 1,000 reserved tokens each are placed at once
+    # up to 8.6 x 20,000 = 172,000 reserved tokens. Every rollout goes to its static engine at
+    # once, whatever the forecast, the batch limit or the cache say.
+    assert LiveKVPolicy.UPFRONT_RESERVATION == 8.6
+    policy = full_caches(floor_policy(engines=2, max_running=8, rollouts=172))
+    assert engines_of(policy, 172) == [0] * 86 + [1] * 86
+    # One rollout more: the floor and the forecast decide, and a full cache takes nothing but
+    # one rollout on each engine that has none.
+    longer = full_caches(floor_policy(engines=2, max_running=8, rollouts=173))
     assert [r.slot.index for r in fill(longer)] == [0, 1]
 
 
-def test_a_phase_is_placed_at_once_only_where_every_engine_reports_its_batch_limit() -> None:
+def test_the_up_front_placement_counts_reserved_tokens_not_rollouts() -> None:
+    # 100 rollouts of 1,000 reserved tokens are placed at once; the same 100 reserving 4,000
+    # each (400,000 > 8.6 x 20,000) are left to the forecast, which takes one per empty engine.
+    for reserved, expected in [(KV_TOKENS, [0] * 50 + [1] * 50), (4 * KV_TOKENS, [0, 1])]:
+        slots = [EngineSlot(i, BatchEngine(f"e{i}", 8)) for i in range(2)]
+        policy = full_caches(LiveKVPolicy(slots, headroom=0.1))
+        policy.prepare([reserved] * 100)
+        assert engines_of(policy, 100) == expected
+
+
+def test_an_engine_without_a_batch_limit_is_placed_at_once_too() -> None:
+    # The up-front rule reads only capacities: engines that report no batch limit (an
+    # OpenAI-compatible server) get it as well.
     slots = [EngineSlot(0, BatchEngine("e0", 8)), EngineSlot(1, GaugeEngine("e1"))]
-    for slot in slots:
-        assert isinstance(slot.engine, GaugeEngine)
-        slot.engine.used = CAPACITY
-    policy = LiveKVPolicy(slots, headroom=0.1)
+    policy = full_caches(LiveKVPolicy(slots, headroom=0.1))
     policy.prepare([KV_TOKENS] * 4)
-    # e1's batch limit is unknown, so the phase's size in batches is too: with full caches
-    # each engine takes only the one rollout an engine with none always gets.
-    assert [r.slot.index for r in fill(policy)] == [0, 1]
+    assert engines_of(policy, 4) == [0, 0, 1, 1]

@@ -210,7 +210,9 @@ def test_kv_aware_live_runs_a_rollout_that_needs_most_of_the_cache() -> None:
     engines: list[Engine] = [
         RecordingEngine("e0", num_blocks=256, output_tokens=LogNormal(median=5000, sigma=0))
     ]
-    small = [turns_job(f"s{i}", turns=1, kv_tokens=200, max_new=60) for i in range(60)]
+    # 60 x 600 + 3,600 reserved tokens: above 8.6 x the 4,096-token cache, so the forecast
+    # places them (a smaller phase would be placed at once, the big rollout with it).
+    small = [turns_job(f"s{i}", turns=1, kv_tokens=600, max_new=60) for i in range(60)]
     big = turns_job("big", turns=1, kv_tokens=3600, max_new=3500)
     results = run_phase(engines, [*small[:40], big, *small[40:]], policy="kv-aware")
     assert results == [("e0", None)] * 61

@@ -89,30 +89,49 @@ def test_kv_aware_is_never_slower_nor_recomputes_more_than_a_static_split(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "prompts",
+    ("prompts", "seed"),
     [
         # 256 rollouts on two engines of 256 sequences: the static split runs each engine's
         # whole share in its first batch, which is as good as it gets; the forecast alone held
         # kv-aware back (149.8 s against 144.8 s) until the batch floor.
-        8,
+        (8, 0),
         # 1,024 rollouts: with the batch floor alone kv-aware took 344.7 s against the static
         # split's 332.0 s: it held new rollouts back while the engine's batch was full, so the
         # last ones started at 109 s instead of 29 s and the long ones among them set the
         # makespan.
-        32,
+        (32, 0),
+        # 1,120 rollouts reserving 7.8x the cache: the static split's queue still fits it. While
+        # phases of at most two batches per engine were placed at once, the forecast placed this
+        # one and took 366.5 s against 342.7 s.
+        (35, 2),
     ],
-    ids=["one-batch", "two-batches"],
+    ids=["one-batch", "two-batches", "fits-the-cache"],
 )
-def test_kv_aware_is_not_slower_than_a_static_split_on_a_short_phase(prompts: int) -> None:
-    config = BenchConfig(
+def test_kv_aware_is_not_slower_than_a_static_split_on_a_short_phase(
+    prompts: int, seed: int
+) -> None:
+    runs = run_benchmark(sweep_config(prompts, seed)).runs
+    assert runs["kv-aware"].metrics.makespan_s <= runs["static"].metrics.makespan_s
+
+
+@pytest.mark.slow
+def test_kv_aware_beats_the_static_split_once_its_queue_outgrows_the_cache() -> None:
+    # 1,248 rollouts reserving 8.7x the cache: the smallest phase of the sweep placed by the
+    # forecast. The static split's queue evicts the prefixes of rollouts waiting on tools.
+    runs = run_benchmark(sweep_config(39, 0)).runs
+    static, kv = runs["static"], runs["kv-aware"]
+    assert static.metrics.makespan_s > 1.05 * kv.metrics.makespan_s
+    assert static.prefill_tokens > 2 * kv.prefill_tokens
+
+
+def sweep_config(prompts: int, seed: int) -> BenchConfig:
+    return BenchConfig(
         engines=2,
-        workload=WorkloadConfig(prompts=prompts),
+        workload=WorkloadConfig(prompts=prompts, seed=seed),
         policies=("static", "kv-aware"),
         reservations=("live",),
         lockstep_baseline=False,
     )
-    runs = run_benchmark(config).runs
-    assert runs["kv-aware"].metrics.makespan_s <= runs["static"].metrics.makespan_s
 
 
 def test_report_round_trips_through_json(report: BenchReport) -> None:
@@ -168,7 +187,7 @@ def test_report_tables_fit_80_columns_without_cutting_a_word(report: BenchReport
     assert "prefill tokens" in wide
 
 
-@pytest.mark.parametrize("command", [[], ["bench"], ["plot"]])
+@pytest.mark.parametrize("command", [[], ["bench"], ["plot"], ["sweep"]])
 def test_help_fits_80_columns_without_cutting_a_word(command: list[str]) -> None:
     narrow = CliRunner(env={"COLUMNS": "80"}).invoke(app, [*command, "--help"]).output
     wide = CliRunner(env={"COLUMNS": "1000"}).invoke(app, [*command, "--help"]).output
@@ -195,3 +214,20 @@ def test_sweep_writes_every_point_and_kv_aware_places_a_short_phase_as_static_do
     # A phase of at most two batches per engine: kv-aware runs the static split's schedule.
     assert all(p["kv_aware_s"] == p["static_s"] > p["bound_s"] for p in points)
     assert "lowest speed-up 1.000x" in result.output
+
+
+def test_sweep_runs_the_workload_budget_and_engines_it_is_given(tmp_path: Path) -> None:
+    def point(*options: str) -> dict[str, float]:
+        out = tmp_path / "sweep.json"
+        args = ["sweep", "--prompts", "1", "--seed", "3", "--json", str(out), *options]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        [only] = json.loads(out.read_text())
+        return dict(only)
+
+    default = point()
+    small_engines = point("--kv-tokens", "16384", "--max-num-seqs", "8")
+    short_budget = point("--budget", "1024")
+    # Engines of 8 sequences take longer over the same work; a 1,024-token budget is less work.
+    assert small_engines["static_s"] > default["static_s"]
+    assert short_budget["bound_s"] < default["bound_s"]
