@@ -21,6 +21,9 @@ runner = CliRunner(env={"COLUMNS": "80"})
         (["bench", "--kv-headroom", "1.5"], "'--kv-headroom'"),
         (["bench", "--json", "{tmp}/a-file/report.json"], "a-file is not a directory"),
         (["bench", "--plot", "{tmp}"], "is a directory"),
+        # Rollouts that no engine can hold fail before anything is simulated.
+        (["bench", "--kv-tokens", "1000"], "'--budget' / '--kv-tokens': a rollout needs up to"),
+        (["sweep", "--prompts", "1", "--budget", "700000"], "more than an engine holds (604207)"),
         (["plot", "{tmp}/missing.json"], "missing.json"),
         (["plot", "{tmp}/truncated.json"], "truncated.json is not a report of 'bench --json'"),
         (["plot", "{tmp}/other.json"], "other.json is not a report of 'bench --json': config"),

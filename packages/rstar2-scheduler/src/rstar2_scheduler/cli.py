@@ -138,6 +138,13 @@ def _engine_config(kv_tokens: int, max_num_seqs: int) -> SimEngineConfig:
     return _DEFAULT_ENGINE.model_copy(update={"num_blocks": blocks, "max_num_seqs": max_num_seqs})
 
 
+def _rollouts_do_not_fit(error: ValidationError) -> typer.BadParameter:
+    """A workload whose rollouts an engine cannot hold (``BenchConfig``'s check), as the
+    one-line error of the options that set it."""
+    message = error.errors()[0]["msg"].removeprefix("Value error, ")
+    return typer.BadParameter(message, param_hint="'--budget' / '--kv-tokens'")
+
+
 @app.command()
 def bench(
     engines: Annotated[int, typer.Option(min=1, help="Simulated inference engines.")] = 8,
@@ -210,25 +217,28 @@ def bench(
     """
     chosen = tuple(p.value for p in policy) if policy else POLICY_NAMES
     modes = tuple(r.value for r in reservation) if reservation else RESERVATIONS
-    config = BenchConfig(
-        engines=engines,
-        workload=_DEFAULT_WORKLOAD.model_copy(
-            update={
-                "prompts": prompts,
-                "rollouts_per_prompt": rollouts_per_prompt,
-                "response_budget": budget,
-                "max_turns": max_turns,
-                "seed": seed,
-            }
-        ),
-        engine=_engine_config(kv_tokens, max_num_seqs),
-        policies=chosen,
-        reservations=modes,
-        overcommit=overcommit,
-        kv_headroom=kv_headroom,
-        max_concurrency=max_concurrency,
-        lockstep_baseline=lockstep_baseline,
-    )
+    try:
+        config = BenchConfig(
+            engines=engines,
+            workload=_DEFAULT_WORKLOAD.model_copy(
+                update={
+                    "prompts": prompts,
+                    "rollouts_per_prompt": rollouts_per_prompt,
+                    "response_budget": budget,
+                    "max_turns": max_turns,
+                    "seed": seed,
+                }
+            ),
+            engine=_engine_config(kv_tokens, max_num_seqs),
+            policies=chosen,
+            reservations=modes,
+            overcommit=overcommit,
+            kv_headroom=kv_headroom,
+            max_concurrency=max_concurrency,
+            lockstep_baseline=lockstep_baseline,
+        )
+    except ValidationError as error:
+        raise _rollouts_do_not_fit(error) from None
     console = Console()
     with Progress(
         TextColumn("{task.description:>13}"),
@@ -330,14 +340,24 @@ def sweep(
         TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
     ) as progress:
         task = progress.add_task("sweep", total=len(counts) * len(seeds) * len(engines or [2]))
-        for engine_count in engines or [2]:
-            config = BenchConfig(
-                engines=engine_count,
-                workload=_DEFAULT_WORKLOAD.model_copy(update={"response_budget": budget}),
-                engine=_engine_config(kv_tokens, max_num_seqs),
-                kv_headroom=kv_headroom,
-            )
-            points += run_sweep(config, counts, seeds, on_point=lambda _: progress.advance(task))
+        # The first point's workload; run_sweep checks every point before it runs one, and the
+        # check does not depend on the number of engines.
+        workload = _DEFAULT_WORKLOAD.model_copy(
+            update={"response_budget": budget, "prompts": counts[0], "seed": seeds[0]}
+        )
+        try:
+            for engine_count in engines or [2]:
+                config = BenchConfig(
+                    engines=engine_count,
+                    workload=workload,
+                    engine=_engine_config(kv_tokens, max_num_seqs),
+                    kv_headroom=kv_headroom,
+                )
+                points += run_sweep(
+                    config, counts, seeds, on_point=lambda _: progress.advance(task)
+                )
+        except ValidationError as error:
+            raise _rollouts_do_not_fit(error) from None
     for point in points:
         table.add_row(
             str(point.engines),

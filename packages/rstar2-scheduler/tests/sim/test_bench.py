@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from rstar2_data.terminal import cut_words
 from rstar2_scheduler.cli import _print_report, app
 from rstar2_scheduler.sim import BenchConfig, BenchReport, LogNormal, WorkloadConfig, run_benchmark
+from rstar2_scheduler.sim.bench import sweep_config
 from rstar2_scheduler.sim.engine import SimEngineConfig
 
 WORKLOAD = WorkloadConfig(
@@ -23,6 +24,8 @@ WORKLOAD = WorkloadConfig(
 )
 # A small cache, so that a static split overloads it.
 ENGINE = SimEngineConfig(num_blocks=2048, max_num_seqs=64)
+# The sweep's engines and workload (the defaults), whose size and seed each test sets.
+TWO_ENGINES = BenchConfig(engines=2, workload=WorkloadConfig(prompts=1))
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +113,7 @@ def test_kv_aware_is_never_slower_nor_recomputes_more_than_a_static_split(
 def test_kv_aware_is_not_slower_than_a_static_split_on_a_short_phase(
     prompts: int, seed: int
 ) -> None:
-    runs = run_benchmark(sweep_config(prompts, seed)).runs
+    runs = run_benchmark(sweep_config(TWO_ENGINES, prompts, seed)).runs
     assert runs["kv-aware"].metrics.makespan_s <= runs["static"].metrics.makespan_s
 
 
@@ -118,20 +121,10 @@ def test_kv_aware_is_not_slower_than_a_static_split_on_a_short_phase(
 def test_kv_aware_beats_the_static_split_once_its_queue_outgrows_the_cache() -> None:
     # 1,248 rollouts reserving 8.7x the cache: the smallest phase of the sweep placed by the
     # forecast. The static split's queue evicts the prefixes of rollouts waiting on tools.
-    runs = run_benchmark(sweep_config(39, 0)).runs
+    runs = run_benchmark(sweep_config(TWO_ENGINES, 39, 0)).runs
     static, kv = runs["static"], runs["kv-aware"]
     assert static.metrics.makespan_s > 1.05 * kv.metrics.makespan_s
     assert static.prefill_tokens > 2 * kv.prefill_tokens
-
-
-def sweep_config(prompts: int, seed: int) -> BenchConfig:
-    return BenchConfig(
-        engines=2,
-        workload=WorkloadConfig(prompts=prompts, seed=seed),
-        policies=("static", "kv-aware"),
-        reservations=("live",),
-        lockstep_baseline=False,
-    )
 
 
 def test_report_round_trips_through_json(report: BenchReport) -> None:

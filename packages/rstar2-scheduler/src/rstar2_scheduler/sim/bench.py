@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rstar2_scheduler.metrics import PhaseMetrics
 from rstar2_scheduler.policies import POLICY_NAMES, RESERVATIONS, PolicyName, Reservation
@@ -68,6 +68,20 @@ class BenchConfig(BaseModel):
             "(the whole share at once, whatever max_concurrency says)."
         ),
     )
+
+    @model_validator(mode="after")
+    def _check_rollouts_fit(self) -> BenchConfig:
+        # A rollout's every request asks for its prompt plus what is left of the budget; one that
+        # exceeds the engine's model length fails, and so would the whole benchmark, after it ran.
+        prompt = max(len(ids) for ids in Workload(self.workload).prompts)
+        needed = prompt + self.workload.response_budget
+        if needed > self.engine.model_len:
+            raise ValueError(
+                f"a rollout needs up to {needed} tokens (its prompt, up to {prompt}, plus the "
+                f"{self.workload.response_budget}-token response budget), more than an engine "
+                f"holds ({self.engine.model_len}): raise the KV cache or lower the budget"
+            )
+        return self
 
     @property
     def engine_config(self) -> SimEngineConfig:
@@ -247,6 +261,21 @@ class SweepPoint(BaseModel):
         return self.static_s / self.kv_aware_s
 
 
+def sweep_config(config: BenchConfig, prompts: int, seed: int) -> BenchConfig:
+    """One point of a sweep: static against kv-aware (live) on ``config`` with ``prompts``
+    prompts and workload ``seed``, checked as any ``BenchConfig``."""
+    workload = config.workload.model_copy(update={"prompts": prompts, "seed": seed})
+    return BenchConfig.model_validate(
+        {
+            **config.model_dump(),
+            "workload": workload.model_dump(),
+            "policies": ("static", "kv-aware"),
+            "reservations": ("live",),
+            "lockstep_baseline": False,
+        }
+    )
+
+
 def run_sweep(
     config: BenchConfig,
     prompts: Sequence[int],
@@ -254,31 +283,25 @@ def run_sweep(
     *,
     on_point: Callable[[SweepPoint], None] | None = None,
 ) -> list[SweepPoint]:
-    """static and kv-aware on ``config``'s workload at every number of prompts and seed."""
+    """static and kv-aware on ``config``'s workload at every number of prompts and seed.
+
+    Every point is checked before the first one runs.
+    """
+    configs = [sweep_config(config, count, seed) for count in prompts for seed in seeds]
     points: list[SweepPoint] = []
-    for count in prompts:
-        for seed in seeds:
-            workload = config.workload.model_copy(update={"prompts": count, "seed": seed})
-            report = run_benchmark(
-                config.model_copy(
-                    update={
-                        "workload": workload,
-                        "policies": ("static", "kv-aware"),
-                        "reservations": ("live",),
-                        "lockstep_baseline": False,
-                    }
-                )
-            )
-            point = SweepPoint(
-                engines=config.engines,
-                prompts=count,
-                rollouts=workload.rollouts,
-                seed=seed,
-                static_s=report.runs["static"].metrics.makespan_s,
-                kv_aware_s=report.runs["kv-aware"].metrics.makespan_s,
-                bound_s=report.bound.bound_s,
-            )
-            points.append(point)
-            if on_point is not None:
-                on_point(point)
+    for point_config in configs:
+        report = run_benchmark(point_config)
+        workload = point_config.workload
+        point = SweepPoint(
+            engines=point_config.engines,
+            prompts=workload.prompts,
+            rollouts=workload.rollouts,
+            seed=workload.seed,
+            static_s=report.runs["static"].metrics.makespan_s,
+            kv_aware_s=report.runs["kv-aware"].metrics.makespan_s,
+            bound_s=report.bound.bound_s,
+        )
+        points.append(point)
+        if on_point is not None:
+            on_point(point)
     return points
