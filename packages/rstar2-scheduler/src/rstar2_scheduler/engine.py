@@ -80,6 +80,12 @@ class GenerationResult(BaseModel):
         default=False,
         description="token_ids were re-encoded from the completion text, not returned as ids.",
     )
+    weights_version: str | None = Field(
+        default=None,
+        description="The version label of the weights that sampled these tokens (the ``version`` "
+        "of the engine's last acknowledged ``update_weights``); None where the engine records "
+        "none. Weights change only between two generate calls, so one label covers every token.",
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> Self:
