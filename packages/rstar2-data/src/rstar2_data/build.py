@@ -146,6 +146,7 @@ def prepare_filter(spec: FilterSpec) -> tuple[Filter, str]:
             n=spec.n,
             min_matches=spec.min_matches,
             boilerplate=spec.boilerplate,
+            coverage=spec.coverage,
             short_words=spec.short_words,
         )
         return decontam, digest

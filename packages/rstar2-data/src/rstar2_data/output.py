@@ -29,7 +29,8 @@ def permutation(n: int, seed: str) -> array[int]:
     """``order[k]`` = the row at position ``k`` after ``random.Random(seed).shuffle`` of ``n``
     rows (the same draws, on an array of row numbers)."""
     order = array("q", range(n))
-    randbelow = random.Random(seed)._randbelow  # what Random.shuffle draws with
+    # Random.shuffle's own draws (CPython 3.11-3.13; tests compare with Random.shuffle).
+    randbelow = random.Random(seed)._randbelow  # type: ignore[attr-defined]
     for i in reversed(range(1, n)):
         j = randbelow(i + 1)
         order[i], order[j] = order[j], order[i]
@@ -61,8 +62,8 @@ def _shuffled(
     try:
         with source.open("rb") as handle:
             for index, line in enumerate(handle):
-                bucket, slot = divmod(position[index], per_bucket)
-                handles[bucket].write(b"%d " % slot + line)
+                bucket, place = divmod(position[index], per_bucket)
+                handles[bucket].write(b"%d " % place + line)
     finally:
         for out in handles:
             out.close()

@@ -30,6 +30,7 @@ from rstar2_data.demo.tasks import FAMILIES, Level
 from rstar2_data.errors import describe_yaml_error
 from rstar2_data.filters import (
     DEFAULT_BOILERPLATE,
+    DEFAULT_COVERAGE,
     DEFAULT_MAX_ABS,
     DEFAULT_NGRAM,
     DEFAULT_SHORT_WORDS,
@@ -148,6 +149,12 @@ class DecontaminateSpec(_Strict):
         ge=2,
         description="An n-gram in this many benchmark problems or more is stock phrasing and "
         "does not count.",
+    )
+    coverage: float = Field(
+        default=DEFAULT_COVERAGE,
+        ge=0,
+        le=1,
+        description="Share of a benchmark problem's informative n-grams a row must hold.",
     )
     short_words: int = Field(
         default=DEFAULT_SHORT_WORDS,

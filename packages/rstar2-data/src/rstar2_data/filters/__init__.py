@@ -5,6 +5,7 @@ from rstar2_data.filters.base import Filter, FilterReport, Row, Verdict, row_tex
 from rstar2_data.filters.chain import DuplicateIdsError, FilterChain
 from rstar2_data.filters.decontam import (
     DEFAULT_BOILERPLATE,
+    DEFAULT_COVERAGE,
     DEFAULT_NGRAM,
     DEFAULT_SHORT_WORDS,
     Decontaminate,
@@ -28,6 +29,7 @@ from rstar2_data.filters.text import (
 
 __all__ = [
     "DEFAULT_BOILERPLATE",
+    "DEFAULT_COVERAGE",
     "DEFAULT_MAX_ABS",
     "DEFAULT_NGRAM",
     "DEFAULT_SHORT_WORDS",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -75,4 +75,5 @@ def row_text(row: Row) -> str:
     """The text a row shows the model: the problem, or the user turns of a conversation."""
     if type(row) is MathProblem:  # not isinstance: pydantic's metaclass makes that slow
         return row.problem
-    return "\n".join(m.content for m in row.messages if m.role == "user")
+    chat = cast(ChatExample, row)
+    return "\n".join(m.content for m in chat.messages if m.role == "user")

@@ -4,17 +4,18 @@ A row is a copy of a benchmark problem when
 
 1. its whole text equals the problem's (any length; case, spacing, punctuation, ``$`` and
    LaTeX spellings such as ``\\dfrac``/``\\frac`` aside), or
-2. it shares at least ``min_matches`` word n-grams (8, as in the paper) with the benchmarks,
-   counting only informative n-grams: one that occurs in ``boilerplate`` or more benchmark
-   problems ("m and n are relatively prime positive integers") is stock phrasing, common to
-   benchmark and ordinary problems alike, and does not count, or
+2. it shares word n-grams (8, as in the paper) with the problem: at least ``min_matches``, and
+   at least ``coverage`` (half by default) of the problem's informative n-grams. An n-gram in
+   ``boilerplate`` or more benchmark problems ("m and n are relatively prime positive
+   integers") is stock phrasing, common to benchmark and ordinary problems alike, and does not
+   count; nor does a stock phrase that is a small part of one problem (coverage), or
 3. the problem is short (fewer than ``short_words`` words, where one changed word can break
    every n-gram): the row holds every number of the problem and a passage within
-   ``max_edits`` word edits of it (one word changed, a sentence added before or after).
+   ``max_edits_for`` word edits of it (one word changed, a sentence added before or after).
 
 Candidates for test 3 are found through each short problem's rarest word pairs (more than the
 edits allowed can change), or for a problem of very few words its numbers; only those pay for
-the word-level alignment.
+the word-level alignment. ``bench/decontam.py`` measures what the tests catch and flag.
 """
 
 from __future__ import annotations
@@ -96,10 +97,10 @@ class Decontaminate(Filter):
         short_words: int = DEFAULT_SHORT_WORDS,
         coverage: float = DEFAULT_COVERAGE,
     ) -> None:
-        if n < 1 or min_matches < 1 or boilerplate < 2:
+        if n < 1 or min_matches < 1 or boilerplate < 2 or not 0 <= coverage <= 1:
             raise ValueError(
-                f"n and min_matches must be >= 1 and boilerplate >= 2, got {n}, {min_matches} "
-                f"and {boilerplate}"
+                "n and min_matches must be >= 1, boilerplate >= 2 and coverage in [0, 1], got "
+                f"{n}, {min_matches}, {boilerplate} and {coverage}"
             )
         self.n, self.min_matches = n, min_matches
         problems = [

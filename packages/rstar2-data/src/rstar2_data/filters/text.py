@@ -27,6 +27,8 @@ ALIASES = {
     "dfrac": "frac",
     "tfrac": "frac",
     "cfrac": "frac",
+    "dbinom": "binom",
+    "tbinom": "binom",
     "le": "leq",
     "leqslant": "leq",
     "ge": "geq",
