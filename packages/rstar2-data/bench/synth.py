@@ -4,8 +4,8 @@ Rows are JSON objects ``{"uid", "question", "final_answer"}`` (read through a re
 ``fields:`` mapping). Problems are 300-800 characters of templated competition-style text with
 random names and numbers; about 5% have a fraction as answer (``integer_answer`` removes
 them), 2% repeat an earlier problem (reformatted: case and spacing), 0.5% are benchmark
-problems (AIME24/25, MATH-500) verbatim or with one of the planted edits of ``planted.py``, and
-1% carry the stock phrase "m and n are relatively prime positive integers" that real problems
+problems (AIME24/25, MATH-500) verbatim or with one of the planted edits of ``planted.py``
+(marked ``"planted": "<benchmark>/<edit>"``, a field recipes do not map), and 1% carry the stock phrase "m and n are relatively prime positive integers" that real problems
 share with benchmarks. Same arguments, same bytes.
 
     python packages/rstar2-data/bench/synth.py --rows 1000000 --out /tmp/synth.jsonl
@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 
 from planted import EDITS, benchmark_problems
+
+EDIT_NAMES = {function: name for name, function in EDITS.items()}
 
 NAMES = ("Alice", "Bob", "Carmen", "Dmitri", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas")
 THINGS = ("marbles", "coins", "tiles", "stamps", "cards", "beads", "tokens", "pebbles")
@@ -104,10 +106,13 @@ def write(out: Path, *, rows: int, seed: int, benchmarks: Path) -> None:
     with out.open("w", encoding="utf-8") as handle:
         for index in range(rows):
             draw = rng.random()
+            planted = None
             if draw < 0.005:
-                _, text = rng.choice(bench)
+                name, text = rng.choice(bench)
                 edit = rng.choice(edits)
-                text = (edit(text, rng) if edit is not None else None) or text
+                edited = edit(text, rng) if edit is not None else None
+                text = edited or text
+                planted = f"{name}/{EDIT_NAMES[edit] if edited else 'verbatim'}"
             elif draw < 0.025 and recent:
                 text = reformat(rng.choice(recent), rng)
             else:
@@ -118,7 +123,13 @@ def write(out: Path, *, rows: int, seed: int, benchmarks: Path) -> None:
             answer: str | int = rng.randint(0, 10**6)
             if rng.random() < 0.05:
                 answer = f"\\frac{{{rng.randint(1, 50)}}}{{{rng.randint(51, 99)}}}"
-            row = {"uid": f"synth-{index}", "question": text, "final_answer": answer}
+            row: dict[str, object] = {
+                "uid": f"synth-{index}",
+                "question": text,
+                "final_answer": answer,
+            }
+            if planted is not None:
+                row["planted"] = planted  # not mapped by the recipe: ground truth for reports
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
