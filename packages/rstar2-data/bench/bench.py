@@ -160,7 +160,9 @@ def main() -> None:
             print(f"round {round_ + 1} {side}: {result}", file=sys.stderr)
     report: dict[str, Any] = {"rows": args.rows, "cpus": os.cpu_count(), "runs": runs}
     if "baseline" in runs:
-        ratios = [b["wall_s"] / n["wall_s"] for b, n in zip(runs["baseline"], runs["new"])]
+        ratios = [
+            b["wall_s"] / n["wall_s"] for b, n in zip(runs["baseline"], runs["new"], strict=True)
+        ]
         report["speedup"] = [round(r, 2) for r in ratios]
         report["outputs"] = compare(
             args.work / "out-baseline" / "data.jsonl", args.work / "out-new" / "data.jsonl", corpus

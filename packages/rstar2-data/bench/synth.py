@@ -5,7 +5,8 @@ Rows are JSON objects ``{"uid", "question", "final_answer"}`` (read through a re
 random names and numbers; about 5% have a fraction as answer (``integer_answer`` removes
 them), 2% repeat an earlier problem (reformatted: case and spacing), 0.5% are benchmark
 problems (AIME24/25, MATH-500) verbatim or with one of the planted edits of ``planted.py``
-(marked ``"planted": "<benchmark>/<edit>"``, a field recipes do not map), and 1% carry the stock phrase "m and n are relatively prime positive integers" that real problems
+(marked ``"planted": "<benchmark>/<edit>"``, a field recipes do not map), and 1% carry the
+stock phrase "m and n are relatively prime positive integers" that real problems
 share with benchmarks. Same arguments, same bytes.
 
     python packages/rstar2-data/bench/synth.py --rows 1000000 --out /tmp/synth.jsonl

@@ -149,9 +149,10 @@ def test_sigint_mid_filter_then_rerun_writes_identical_bytes(tmp_path: Path) -> 
 
 
 def test_parallel_checks_give_the_same_output(tmp_path: Path) -> None:
-    recipe = load_recipe(recipe_path(tmp_path, corpus(tmp_path / "c.jsonl", 3000)))
+    recipe = load_recipe(recipe_path(tmp_path, corpus(tmp_path / "c.jsonl", 4000)))
     one = build(recipe, tmp_path / "one", progress=False)
-    two = build(recipe, tmp_path / "two", progress=False, num_proc=2, checkpoint_rows=1200)
+    # Two windows of 2,000 rows, each mapped by 2 processes.
+    two = build(recipe, tmp_path / "two", progress=False, num_proc=2, checkpoint_rows=2000)
     assert two == one
     assert not list((tmp_path / "two" / ".cache").glob("hf-*"))
 

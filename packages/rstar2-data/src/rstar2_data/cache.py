@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -29,24 +30,17 @@ class FileDigest:
     lines: int
 
 
-_digests: dict[tuple[Path, int, int], FileDigest] = {}
-
-
 def file_digest(path: Path) -> FileDigest:
-    """SHA-256 and line count of ``path``, read once per process and file version."""
-    stat = path.stat()
-    memo = (path.resolve(), stat.st_size, stat.st_mtime_ns)
-    if memo not in _digests:
-        sha = hashlib.sha256()
-        lines = 0
-        last = b"\n"
-        with path.open("rb") as handle:
-            while block := handle.read(_BLOCK):
-                sha.update(block)
-                lines += block.count(b"\n")
-                last = block[-1:]
-        _digests[memo] = FileDigest(sha.hexdigest(), lines + (last != b"\n"))
-    return _digests[memo]
+    """SHA-256 and line count of ``path``, read in 1 MB blocks."""
+    sha = hashlib.sha256()
+    lines = 0
+    last = b"\n"
+    with path.open("rb") as handle:
+        while block := handle.read(_BLOCK):
+            sha.update(block)
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return FileDigest(sha.hexdigest(), lines + (last != b"\n"))
 
 
 def stage_key(*parts: Any) -> str:
@@ -58,9 +52,13 @@ def stage_key(*parts: Any) -> str:
 
 
 def prune(cache_dir: Path, keep: set[str]) -> None:
-    """Remove the files of ``cache_dir`` whose name holds none of the keys in ``keep``."""
+    """Remove the entries of ``cache_dir`` whose name holds none of the keys in ``keep``."""
     if not cache_dir.is_dir():
         return
     for path in cache_dir.iterdir():
-        if path.is_file() and not any(key in path.name for key in keep):
+        if any(key in path.name for key in keep):
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
             path.unlink(missing_ok=True)

@@ -95,7 +95,7 @@ class _ParallelChecks:
             verdict_batch,
             batched=True,
             batch_size=1000,
-            num_proc=min(self.num_proc, max(1, (stop - start) // 1000)),
+            num_proc=min(self.num_proc, -(-(stop - start) // 1000)),
             fn_kwargs={"filters": self.filters, "kind": self.kind},
             remove_columns=["text"],
             features=self.features,
@@ -126,6 +126,7 @@ def run_filters(
     chain = FilterChain(filters)
     state = _usable_state(state_path, data_path, keys_path)
     if state is not None and state["done"]:
+        os.truncate(data_path, state["data_bytes"])
         stages.reused(name, state["kept"])
         reports = [FilterReport.model_validate(r) for r in state["reports"]]
         return Filtered(data_path, state["kept"], reports)

@@ -13,9 +13,10 @@ A row is a copy of a benchmark problem when
    every n-gram): the row holds every number of the problem and a passage within
    ``max_edits_for`` word edits of it (one word changed, a sentence added before or after).
 
-Candidates for test 3 are found through each short problem's rarest word pairs (more than the
-edits allowed can change), or for a problem of very few words its numbers; only those pay for
-the word-level alignment. ``bench/decontam.py`` measures what the tests catch and flag.
+Candidates for test 3 are found through anchor words no edit can remove (a short problem's
+rarest number of two or more digits, else more of its rarest words than the edits allowed);
+only those pay for the word-level alignment. ``bench/decontam.py`` measures what the tests
+catch and flag.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import ClassVar
 
 from rstar2_data.filters.base import Filter
@@ -131,39 +131,32 @@ class Decontaminate(Filter):
             self.benchmark_of.append(benchmark)
         self.coverage = coverage
         self.gram_set = frozenset(self.grams)
-        # Near-copy candidates are found through anchors: 2e + 1 of a short problem's rarest
-        # word pairs (e edits change at most 2e of its pairs); a problem with fewer pairs is
-        # found through its numbers (edits keep them), or its words when it has none.
-        frequency = Counter(pair for _, words in problems for pair in set(_pairs(words)))
+        # Near-copy candidates are found through anchor words the edits cannot all change:
+        # a short problem's rarest number of two digits or more (edits keep numbers), else
+        # its e + 1 rarest words (e edits change at most e of them).
+        frequency = Counter(word for _, words in problems for word in set(words))
         self.short: list[_Short] = []
-        self.pair_anchors: dict[tuple[str, str], list[int]] = {}
-        self.word_anchors: dict[str, list[int]] = {}
+        self.anchors: dict[str, list[int]] = {}
         for benchmark, words in problems:
             if len(words) >= short_words:
                 continue
             edits = max_edits_for(len(words))
-            numbers = frozenset(w for w in words if w.isdigit())
-            number = len(self.short)
-            if len(words) > 2 * edits + 1:
-                pairs = sorted(
-                    set(_pairs(words)), key=lambda p: (frequency[p], -len(p[0] + p[1]), p)
-                )
-                for pair in pairs[: 2 * edits + 1]:
-                    self.pair_anchors.setdefault(pair, []).append(number)
-            else:
-                for word in numbers or set(words):
-                    self.word_anchors.setdefault(word, []).append(number)
+            vocabulary = frozenset(words)
+            numbers = frozenset(w for w in vocabulary if w.isdigit())
+            rarest = sorted(vocabulary, key=lambda w: (frequency[w], -len(w), w))
+            long_numbers = [w for w in rarest if w in numbers and len(w) > 1]
+            for anchor in long_numbers[:1] or rarest[: edits + 1]:
+                self.anchors.setdefault(anchor, []).append(len(self.short))
             self.short.append(
                 _Short(
                     benchmark=benchmark,
                     words=tuple(words),
-                    vocabulary=frozenset(words),
+                    vocabulary=vocabulary,
                     numbers=numbers,
                     max_edits=edits,
                 )
             )
-        self.pair_set = frozenset(self.pair_anchors)
-        self.word_set = frozenset(self.word_anchors)
+        self.anchor_set = frozenset(self.anchors)
 
     def check(self, item: Item) -> str | None:
         words = item.canonical
@@ -186,31 +179,16 @@ class Decontaminate(Filter):
         return self._near_copy(words)
 
     def _near_copy(self, words: list[str]) -> str | None:
-        candidates = {
-            i for pair in self.pair_set.intersection(_pairs(words)) for i in self.pair_anchors[pair]
-        }
-        candidates.update(
-            i for word in self.word_set.intersection(words) for i in self.word_anchors[word]
-        )
-        if not candidates:
+        anchors = self.anchor_set.intersection(words)
+        if not anchors:
             return None
         vocabulary = set(words)
+        candidates = sorted({i for anchor in anchors for i in self.anchors[anchor]})
         found = [
             short.benchmark
-            for short in (self.short[i] for i in sorted(candidates))
+            for short in (self.short[i] for i in candidates)
             if short.numbers <= vocabulary
             and len(short.vocabulary - vocabulary) <= short.max_edits
             and window_distance(short.words, words, short.max_edits) <= short.max_edits
         ]
         return f"overlaps {min(found)} (near copy)" if found else None
-
-
-def _rarity(pair: tuple[str, str], frequency: Counter[tuple[str, str]]) -> tuple[int, int, int]:
-    """Sort key of anchor pairs: rare in the benchmarks first, then those holding a number of
-    two digits or more (a number is specific, and edits keep it), then longer ones."""
-    number = any(word.isdigit() and len(word) > 1 for word in pair)
-    return frequency[pair], not number, -len(pair[0] + pair[1])
-
-
-def _pairs(words: list[str]) -> Iterator[tuple[str, str]]:
-    return pairwise(words)
