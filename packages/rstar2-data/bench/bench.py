@@ -4,7 +4,8 @@ Builds the recipe chain of the README (``integer_answer`` -> normalized ``dedup`
 ``decontaminate`` against AIME24/25 and MATH-500 -> shuffled JSONL) over a synthetic corpus of
 ``--rows`` problems (``synth.py``: 300-800 characters, 2% planted duplicates, 0.5% planted
 benchmark copies), each build in a fresh process, and reports wall time, rows/s and peak RSS
-(the process's own high-water mark, from ``wait4``) with the load average around it.
+(the process's own high-water mark, from ``wait4``), its CPU time (user + system: on a
+loaded machine a steadier measure of the work than wall time), and the load average around it.
 
 With ``--baseline-src`` (the ``src`` folder of another rstar2-data, e.g. a checkout of main)
 the two builds alternate, round by round, under the same interpreter and load, and the report
@@ -82,6 +83,7 @@ def run_build(recipe: Path, out: Path, src: Path | None) -> dict[str, Any]:
     manifest = json.loads((out / "manifest.json").read_text())
     return {
         "wall_s": round(wall, 1),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
         "peak_rss_mb": round(usage.ru_maxrss / 1024),
         "load_before": round(load_before, 2),
         "load_after": round(os.getloadavg()[0], 2),
@@ -160,10 +162,9 @@ def main() -> None:
             print(f"round {round_ + 1} {side}: {result}", file=sys.stderr)
     report: dict[str, Any] = {"rows": args.rows, "cpus": os.cpu_count(), "runs": runs}
     if "baseline" in runs:
-        ratios = [
-            b["wall_s"] / n["wall_s"] for b, n in zip(runs["baseline"], runs["new"], strict=True)
-        ]
-        report["speedup"] = [round(r, 2) for r in ratios]
+        pairs = list(zip(runs["baseline"], runs["new"], strict=True))
+        report["speedup_wall"] = [round(b["wall_s"] / n["wall_s"], 2) for b, n in pairs]
+        report["speedup_cpu"] = [round(b["cpu_s"] / n["cpu_s"], 2) for b, n in pairs]
         report["outputs"] = compare(
             args.work / "out-baseline" / "data.jsonl", args.work / "out-new" / "data.jsonl", corpus
         )

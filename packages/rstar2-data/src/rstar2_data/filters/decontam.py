@@ -13,9 +13,9 @@ A row is a copy of a benchmark problem when
    every n-gram): the row holds every number of the problem and a passage within
    ``max_edits_for`` word edits of it (one word changed, a sentence added before or after).
 
-Candidates for test 3 are found through anchor words no edit can remove (a short problem's
-rarest number of two or more digits, else more of its rarest words than the edits allowed);
-only those pay for the word-level alignment. ``bench/decontam.py`` measures what the tests
+Candidates for test 3 are found through anchor words the edits cannot all remove (more of a
+short problem's rarest words than the edits allowed, or its numbers); only those holding all its
+numbers pay for the word-level alignment. ``bench/decontam.py`` measures what the tests
 catch and flag.
 """
 
@@ -40,7 +40,7 @@ Gram = tuple[str, ...]
 def _grams(words: list[str], n: int) -> Iterator[Gram]:
     if len(words) <= n:
         return iter([tuple(words)] if words else [])
-    return zip(*(words[k:] for k in range(n)), strict=False)
+    return zip(*[words[k:] for k in range(n)], strict=False)
 
 
 def word_ngrams(words: list[str], n: int) -> set[Gram]:
@@ -131,12 +131,10 @@ class Decontaminate(Filter):
             self.benchmark_of.append(benchmark)
         self.coverage = coverage
         self.gram_set = frozenset(self.grams)
-        # Near-copy candidates are found through anchor words the edits cannot all change:
-        # a short problem's rarest number of two digits or more (edits keep numbers), else
-        # its e + 1 rarest words (e edits change at most e of them).
+        # Near-copy candidates are found through anchor words the edits cannot all change.
         frequency = Counter(word for _, words in problems for word in set(words))
         self.short: list[_Short] = []
-        self.anchors: dict[str, list[int]] = {}
+        self.anchors: dict[str, list[_Short]] = {}
         for benchmark, words in problems:
             if len(words) >= short_words:
                 continue
@@ -144,19 +142,21 @@ class Decontaminate(Filter):
             vocabulary = frozenset(words)
             numbers = frozenset(w for w in vocabulary if w.isdigit())
             rarest = sorted(vocabulary, key=lambda w: (frequency[w], -len(w), w))
-            long_numbers = [w for w in rarest if w in numbers and len(w) > 1]
-            for anchor in long_numbers[:1] or rarest[: edits + 1]:
-                self.anchors.setdefault(anchor, []).append(len(self.short))
-            self.short.append(
-                _Short(
-                    benchmark=benchmark,
-                    words=tuple(words),
-                    vocabulary=vocabulary,
-                    numbers=numbers,
-                    max_edits=edits,
-                )
+            short = _Short(
+                benchmark=benchmark,
+                words=tuple(words),
+                vocabulary=vocabulary,
+                numbers=numbers,
+                max_edits=edits,
             )
+            self.short.append(short)
+            # The longest number (edits keep numbers), else e + 1 rare words (e edits leave one).
+            long_numbers = sorted((w for w in numbers if len(w) > 1), key=lambda w: (-len(w), w))
+            for anchor in long_numbers[:1] or rarest[: edits + 1]:
+                self.anchors.setdefault(anchor, []).append(short)
         self.anchor_set = frozenset(self.anchors)
+        # The words a row is scanned for at once: anchors and every short problem's numbers.
+        self.watched = self.anchor_set.union(*(short.numbers for short in self.short))
 
     def check(self, item: Item) -> str | None:
         words = item.canonical
@@ -179,16 +179,21 @@ class Decontaminate(Filter):
         return self._near_copy(words)
 
     def _near_copy(self, words: list[str]) -> str | None:
-        anchors = self.anchor_set.intersection(words)
+        present = self.watched.intersection(words)
+        anchors = present.intersection(self.anchor_set)
         if not anchors:
             return None
-        vocabulary = set(words)
-        candidates = sorted({i for anchor in anchors for i in self.anchors[anchor]})
-        found = [
-            short.benchmark
-            for short in (self.short[i] for i in candidates)
-            if short.numbers <= vocabulary
-            and len(short.vocabulary - vocabulary) <= short.max_edits
-            and window_distance(short.words, words, short.max_edits) <= short.max_edits
-        ]
+        vocabulary: set[str] | None = None
+        found = []
+        for anchor in anchors:
+            for short in self.anchors[anchor]:
+                if not short.numbers <= present:
+                    continue
+                if vocabulary is None:
+                    vocabulary = set(words)
+                if (
+                    len(short.vocabulary - vocabulary) <= short.max_edits
+                    and window_distance(short.words, words, short.max_edits) <= short.max_edits
+                ):
+                    found.append(short.benchmark)
         return f"overlaps {min(found)} (near copy)" if found else None

@@ -12,6 +12,7 @@ normalized text.
 from __future__ import annotations
 
 import re
+from itertools import chain
 
 from rstar2_data.filters.base import Row, row_text
 
@@ -70,15 +71,18 @@ def normalize_text(text: str) -> str:
     return " ".join(normalize_words(text))
 
 
-class _Canonical(dict[str, str]):
-    """Normalized word -> its canonical words joined by spaces, worked out on first sight (for
-    up to ``LIMIT`` distinct words)."""
+class _Canonical(dict[str, tuple[str, ...]]):
+    """Normalized word -> its canonical words, worked out on first sight (for up to ``LIMIT``
+    distinct words). A word that stays as it is maps to itself, the same string object."""
 
     LIMIT = 200_000
 
-    def __missing__(self, word: str) -> str:
-        tokens = (ALIASES.get(token, token) for token in _TOKEN.findall(word))
-        canonical = " ".join(token for token in tokens if token)
+    def __missing__(self, word: str) -> tuple[str, ...]:
+        tokens = _TOKEN.findall(word)
+        if tokens == [word] and word not in ALIASES:
+            canonical: tuple[str, ...] = (word,)
+        else:
+            canonical = tuple(alias for token in tokens if (alias := ALIASES.get(token, token)))
         if len(self) < self.LIMIT:
             self[word] = canonical
         return canonical
@@ -90,8 +94,9 @@ _CANONICAL = _Canonical()
 def canonical_words(words: list[str]) -> list[str]:
     """Normalized ``words`` split into runs of letters and of digits, LaTeX aliases mapped to
     one spelling and formatting commands dropped."""
-    # Each distinct word is worked out once per process: most rows hold only known words.
-    return " ".join(map(_CANONICAL.__getitem__, words)).split()
+    # Each distinct word is worked out once per process (most rows hold only known words), and
+    # the mapping runs in C: no string is created for a word that stays as it is.
+    return list(chain.from_iterable(map(_CANONICAL.__getitem__, words)))
 
 
 class Item:
