@@ -49,13 +49,15 @@ sources:
 filters:
   - {{type: integer_answer}}
   - {{type: dedup, mode: normalized}}
+{decontaminate}output: {{format: jsonl, shuffle: true}}
+"""
+DECONTAMINATE = """\
   - type: decontaminate
     n: 8
     benchmarks:
       - {{name: aime24, path: {benchmarks}/aime24.jsonl}}
       - {{name: aime25, path: {benchmarks}/aime25.jsonl}}
       - {{name: math500, path: {benchmarks}/math500.jsonl}}
-output: {{format: jsonl, shuffle: true}}
 """
 CLI = "import sys; from rstar2_data.cli import app; sys.argv[0] = 'rstar2-data'; app()"
 
@@ -123,6 +125,7 @@ def compare(baseline: Path, new: Path, corpus: Path) -> dict[str, Any]:
         )
 
     return {
+        "identical_bytes": baseline.read_bytes() == new.read_bytes(),
         "common_rows_in_same_order": same_order,
         "only_in_baseline": kinds(old_set - fresh_set),
         "only_in_new": kinds(fresh_set - old_set),
@@ -143,13 +146,21 @@ def main() -> None:
     )
     parser.add_argument("--work", type=Path, default=Path("/tmp/rstar2-data-bench"))
     parser.add_argument("--benchmarks", type=Path, default=BENCHMARKS)
+    parser.add_argument(
+        "--no-decontaminate",
+        action="store_true",
+        help="leave the decontaminate filter out (then the outputs must be byte-identical)",
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     corpus = args.work / f"synth-{args.rows}.jsonl"
     if not corpus.is_file():
         write(corpus, rows=args.rows, seed=0, benchmarks=args.benchmarks)
     recipe = args.work / "recipe.yaml"
-    recipe.write_text(RECIPE.format(data=corpus, benchmarks=args.benchmarks))
+    decontaminate = "" if args.no_decontaminate else DECONTAMINATE
+    recipe.write_text(
+        RECIPE.format(data=corpus, decontaminate=decontaminate.format(benchmarks=args.benchmarks))
+    )
     sides = {"new": None}
     if args.baseline_src is not None:
         sides = {"baseline": args.baseline_src.resolve(), "new": None}

@@ -166,11 +166,6 @@ def prepare_filter(spec: FilterSpec) -> tuple[Filter, str]:
     return graded, digest
 
 
-def make_filter(spec: FilterSpec) -> Filter:
-    """The filter a recipe entry describes (loading its benchmarks or graded samples)."""
-    return prepare_filter(spec)[0]
-
-
 def build(
     recipe: Recipe,
     out_dir: Path,

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import ClassVar
 
 from rstar2_data.filters.base import Filter
@@ -78,6 +79,7 @@ class _Short:
     words: Gram
     vocabulary: frozenset[str]
     numbers: frozenset[str]
+    pairs: frozenset[tuple[str, str]]
     max_edits: int
 
 
@@ -147,6 +149,7 @@ class Decontaminate(Filter):
                 words=tuple(words),
                 vocabulary=vocabulary,
                 numbers=numbers,
+                pairs=frozenset(pairwise(words)),
                 max_edits=edits,
             )
             self.short.append(short)
@@ -155,8 +158,8 @@ class Decontaminate(Filter):
             for anchor in long_numbers[:1] or rarest[: edits + 1]:
                 self.anchors.setdefault(anchor, []).append(short)
         self.anchor_set = frozenset(self.anchors)
-        # The words a row is scanned for at once: anchors and every short problem's numbers.
-        self.watched = self.anchor_set.union(*(short.numbers for short in self.short))
+        # The words a row is scanned for at once: every word of the short problems.
+        self.watched = frozenset().union(*(short.vocabulary for short in self.short))
 
     def check(self, item: Item) -> str | None:
         words = item.canonical
@@ -183,17 +186,19 @@ class Decontaminate(Filter):
         anchors = present.intersection(self.anchor_set)
         if not anchors:
             return None
-        vocabulary: set[str] | None = None
+        pairs: set[tuple[str, str]] | None = None
         found = []
         for anchor in anchors:
             for short in self.anchors[anchor]:
                 if not short.numbers <= present:
                     continue
-                if vocabulary is None:
-                    vocabulary = set(words)
-                if (
-                    len(short.vocabulary - vocabulary) <= short.max_edits
-                    and window_distance(short.words, words, short.max_edits) <= short.max_edits
-                ):
+                if len(short.vocabulary - present) > short.max_edits:
+                    continue
+                # An edit breaks at most two of the problem's word pairs.
+                if pairs is None:
+                    pairs = set(pairwise(words))
+                if len(short.pairs - pairs) > 2 * short.max_edits:
+                    continue
+                if window_distance(short.words, words, short.max_edits) <= short.max_edits:
                     found.append(short.benchmark)
         return f"overlaps {min(found)} (near copy)" if found else None
