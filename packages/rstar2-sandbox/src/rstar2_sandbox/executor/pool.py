@@ -257,8 +257,13 @@ class ExecutorPool:
 
     @property
     def server_pids(self) -> list[int]:
-        """Process ids of the running fork-servers."""
-        return [s.process.pid for s in self._servers if s.process and s.process.returncode is None]
+        """Process ids of the running fork-servers (each the first process of its own PID
+        namespace, where it has one; the process started for it only waits for it)."""
+        return [
+            s.info.pid
+            for s in self._servers
+            if s.info and s.process and s.process.returncode is None
+        ]
 
     @property
     def live_servers(self) -> int:
