@@ -162,8 +162,14 @@ def serve(
     ] = 16384,
     max_batch: Annotated[int, typer.Option(help="Most calls in one batch request.")] = 4096,
     max_body_mb: Annotated[
-        int, typer.Option(min=1, help="Largest request body in MiB; beyond it: 413.")
-    ] = 256,
+        int,
+        typer.Option(
+            min=1,
+            help="Largest request body in MiB. Each endpoint refuses a body over its own limit "
+            "(what its calls' code and stdin limits and --max-batch allow, at most this) with a "
+            "413, judged by Content-Length before reading and by a running count while reading.",
+        ),
+    ] = 64,
     response_buffer_mb: Annotated[
         int,
         typer.Option(

@@ -20,7 +20,10 @@ class ServerSettings(BaseModel):
     )
     max_batch: int = Field(default=4096, ge=1, description="Most calls in one batch request.")
     max_body_bytes: int = Field(
-        default=256 << 20, ge=1 << 16, description="Largest request body accepted."
+        default=64 << 20,
+        ge=1 << 16,
+        description="Largest request body accepted; each endpoint's own limit follows from the "
+        "code, stdin and batch limits, up to this.",
     )
     compat_timeout_s: float = Field(
         default=DEFAULT_TIMEOUT_S,

@@ -15,10 +15,18 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from rstar2_sandbox.api.common import SETTINGS, check_batch, execute, parse_body, stream_results
+from rstar2_sandbox.api.limits import Body, expect_within_limit
 from rstar2_sandbox.dispatch import QueueFullError
 from rstar2_sandbox.models import MAX_CODE_BYTES, MAX_STDIN_BYTES, RunRequest, RunResult, RunStatus
 
 routes = web.RouteTableDef()
+# What each body may hold (``limits``): a submission's solution, input and expected output.
+_SUBMISSION_CHARS = MAX_CODE_BYTES + 2 * MAX_STDIN_BYTES
+BODIES = {
+    "/run": Body(_SUBMISSION_CHARS),
+    "/run/batch": Body(_SUBMISSION_CHARS, batch=True),
+    "/run/long-batch": Body(_SUBMISSION_CHARS, batch=True),
+}
 
 # Code Judge's reasons, and one of this service's: the run wrote more than a limit allows
 # (stdout/stderr cap, file size, its /tmp quota; stderr ends with a line saying which).
@@ -46,7 +54,9 @@ class Submission(BaseModel):
     solution: str = Field(max_length=MAX_CODE_BYTES, description="Python source.")
     input: str | None = Field(default=None, max_length=MAX_STDIN_BYTES, description="Stdin.")
     expected_output: str | None = Field(
-        default=None, description="When given, success also needs stdout to match (stripped)."
+        default=None,
+        max_length=MAX_STDIN_BYTES,
+        description="When given, success also needs stdout to match (stripped).",
     )
     sub_id: str | int | None = Field(default=None, description="Caller's id, echoed back.")
 
@@ -136,7 +146,7 @@ async def ping(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-@routes.post("/run")
+@routes.post("/run", expect_handler=expect_within_limit)
 async def run(request: web.Request) -> web.Response:
     """Run one submission."""
     submission = await parse_body(request, Submission)
@@ -157,5 +167,5 @@ async def _batch(request: web.Request) -> web.StreamResponse:
     return await stream_results(request, len(batch.submissions), produce, head=head)
 
 
-routes.post("/run/batch")(_batch)
-routes.post("/run/long-batch")(_batch)
+routes.post("/run/batch", expect_handler=expect_within_limit)(_batch)
+routes.post("/run/long-batch", expect_handler=expect_within_limit)(_batch)

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from rstar2_sandbox.api.limits import read_body
 from rstar2_sandbox.api.streaming import ResponseBudget, stream_batch
 from rstar2_sandbox.dispatch import Dispatcher, QueueFullError
 from rstar2_sandbox.metrics import Metrics
@@ -36,13 +37,6 @@ _ERRORS: dict[int, type[web.HTTPException]] = {
 def json_error(status: int, error: str, message: str, **extra: Any) -> web.HTTPException:
     """An HTTP error whose body is ``{"error": ..., "message": ..., ...}``."""
     body = json.dumps({"error": error, "message": message, **extra})
-    if status == 413:
-        return web.HTTPRequestEntityTooLarge(
-            max_size=extra.get("max_bytes", 0),
-            actual_size=extra.get("actual_bytes", 0),
-            text=body,
-            content_type="application/json",
-        )
     cls = _ERRORS.get(status, web.HTTPBadRequest)
     return cls(text=body, content_type="application/json")
 
@@ -66,17 +60,9 @@ def invalid(exc: ValidationError) -> web.HTTPException:
 
 
 async def parse_body(request: web.Request, model: type[ModelT]) -> ModelT:
-    """The request body validated as ``model``; 400/413/422 with a precise message otherwise."""
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        limit = request.app[SETTINGS].max_body_bytes
-        raise json_error(
-            413,
-            "body_too_large",
-            f"request body exceeds the limit of {limit} bytes (serve --max-body-mb)",
-            max_bytes=limit,
-        ) from exc
+    """The request body, judged by its size as it arrives (``limits``), validated as ``model``;
+    400/413/422 with a precise message otherwise."""
+    raw = await read_body(request)
     try:
         # Straight from the bytes: no intermediate dicts, so a large batch costs less memory.
         return model.model_validate_json(raw)

@@ -16,6 +16,7 @@ from rstar2_sandbox.api.common import (
     queue_full,
     stream_results,
 )
+from rstar2_sandbox.api.limits import BODY_LIMITS, Body, expect_within_limit
 from rstar2_sandbox.dispatch import DispatcherStats, QueueFullError
 from rstar2_sandbox.isolation import IsolationReport
 from rstar2_sandbox.models import (
@@ -26,6 +27,11 @@ from rstar2_sandbox.models import (
 )
 
 routes = web.RouteTableDef()
+# What each body may hold (``limits``): a call's code and stdin.
+BODIES = {
+    "/v1/run": Body(MAX_CODE_BYTES + MAX_STDIN_BYTES),
+    "/v1/run/batch": Body(MAX_CODE_BYTES + MAX_STDIN_BYTES, batch=True),
+}
 
 
 class Health(BaseModel):
@@ -48,6 +54,9 @@ class Info(BaseModel):
     dispatcher: DispatcherStats
     max_batch: int
     max_body_bytes: int
+    body_limits: dict[str, int] = Field(
+        description="Largest body each endpoint reads (from the code, stdin and batch limits)."
+    )
     max_code_chars: int = MAX_CODE_BYTES
     max_stdin_chars: int = MAX_STDIN_BYTES
     endpoints: list[str]
@@ -59,7 +68,7 @@ def _json(model: BaseModel, status: int = 200) -> web.Response:
     )
 
 
-@routes.post("/v1/run")
+@routes.post("/v1/run", expect_handler=expect_within_limit)
 async def run(request: web.Request) -> web.Response:
     """Run one call."""
     call = await parse_body(request, RunRequest)
@@ -70,7 +79,7 @@ async def run(request: web.Request) -> web.Response:
     return _json(result)
 
 
-@routes.post("/v1/run/batch")
+@routes.post("/v1/run/batch", expect_handler=expect_within_limit)
 async def run_batch(request: web.Request) -> web.StreamResponse:
     """Run many calls concurrently; results streamed in request order (a ``BatchResponse``)."""
     batch = await parse_body(request, BatchRequest)
@@ -109,6 +118,7 @@ async def info(request: web.Request) -> web.Response:
             dispatcher=request.app[DISPATCHER].stats(),
             max_batch=settings.max_batch,
             max_body_bytes=settings.max_body_bytes,
+            body_limits=request.app[BODY_LIMITS],
             endpoints=sorted(
                 {r.resource.canonical for r in request.app.router.routes() if r.resource}
             ),
