@@ -36,8 +36,10 @@ class ScriptedDispatcher:
     """Runs nothing: ``code`` says what to answer. ``sleep S; print N`` waits S seconds and
     answers N bytes of output; ``refuse after S`` raises ``QueueFullError`` after S seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, slots: int = 10**6) -> None:
         self.cancelled = 0
+        self.submitted = 0
+        self.slots = slots
 
     async def start(self) -> None:
         pass
@@ -46,6 +48,7 @@ class ScriptedDispatcher:
         pass
 
     async def submit(self, request: RunRequest) -> RunResult:
+        self.submitted += 1
         words = request.code.split()
         try:
             if words[0] == "refuse":
@@ -59,7 +62,7 @@ class ScriptedDispatcher:
 
     def stats(self) -> DispatcherStats:
         return DispatcherStats(kind="scripted", queue_depth=0, queue_limit=10**6, in_flight=0,
-                               workers=1, slots=10**6)  # fmt: skip
+                               workers=1, slots=self.slots)  # fmt: skip
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -220,6 +223,40 @@ async def test_a_client_that_leaves_calls_off_the_rest(
     assert budget.used_bytes == 0
 
 
+@in_session_loop
+async def test_a_client_that_does_not_read_stops_its_batch() -> None:
+    """Calls are admitted a bounded number ahead, and none while the batch's waiting results fill
+    its window (1 MiB here): a client that reads nothing holds its batch still."""
+    dispatcher = ScriptedDispatcher(slots=4)  # 64 calls ahead at most
+    app = create_app(dispatcher, ServerSettings(response_buffer_mb=1))
+    server = TestServer(app, host="127.0.0.1", port=free_port())
+    await server.start_server()
+    from rstar2_sandbox.api.common import RESPONSE_BUDGET
+
+    budget = app[RESPONSE_BUDGET]
+    items = 300
+    try:
+        async with aiohttp.ClientSession() as session:
+            body = scripted_batch([(0.0, 1_000_000)] * items)
+            response = await session.post(str(server.make_url("/v1/run/batch")), json=body)
+            assert response.status == 200
+            await asyncio.sleep(1.0)
+            stalled = dispatcher.submitted
+            await asyncio.sleep(0.5)
+            # Held still: what the socket buffers took (some MiB), the window, 64 ahead.
+            assert dispatcher.submitted == stalled
+            assert stalled < 64 + 40, stalled
+            assert budget.used_bytes <= 1 << 20
+            results = BatchResponse.model_validate_json(await response.read()).results
+            response.release()
+    finally:
+        await server.close()
+    assert len(results) == items
+    assert dispatcher.submitted == items
+    assert all(len(r.stdout) == len("sleep 0.0; print 1000000") + 1_000_000 for r in results)
+    assert budget.used_bytes == 0
+
+
 # -- the front end's memory, through a real ``serve`` ---------------------------------------------
 
 
@@ -246,7 +283,7 @@ def served_small_budget() -> Iterator[tuple[str, int]]:
 async def test_front_end_memory_does_not_grow_with_the_batch(
     served_small_budget: tuple[str, int],
 ) -> None:
-    """A batch whose results total 256 MiB, all finished while the first item still runs, goes
+    """A batch whose results total 256 MiB, most finished while the first item still runs, goes
     through a front end that never holds more than a small part of it."""
     url, pid = served_small_budget
     mib = 1 << 20

@@ -174,8 +174,10 @@ def serve(
         int,
         typer.Option(
             min=1,
-            help="Memory in MiB for batch results that finish before their turn to be streamed "
-            "(all responses together); beyond it they wait in temporary files.",
+            help="Batch results that finished and wait to be streamed, in MiB: the memory they "
+            "may take over all responses (beyond it they wait in temporary files), and each "
+            "batch's window: a batch admits no further call while its own waiting results "
+            "(say, for a client that does not read) reach this.",
         ),
     ] = 64,
     spool_dir: Annotated[

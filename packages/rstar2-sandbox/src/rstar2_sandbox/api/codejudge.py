@@ -14,7 +14,14 @@ from typing import Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from rstar2_sandbox.api.common import SETTINGS, check_batch, execute, parse_body, stream_results
+from rstar2_sandbox.api.common import (
+    SETTINGS,
+    check_batch,
+    execute,
+    json_bytes,
+    parse_body,
+    stream_results,
+)
 from rstar2_sandbox.api.limits import Body, expect_within_limit
 from rstar2_sandbox.dispatch import QueueFullError
 from rstar2_sandbox.models import MAX_CODE_BYTES, MAX_STDIN_BYTES, RunRequest, RunResult, RunStatus
@@ -160,7 +167,7 @@ async def _batch(request: web.Request) -> web.StreamResponse:
     check_batch(request.app, len(batch.submissions), "submissions")
 
     async def produce(index: int) -> bytes:
-        return (await _run(request.app, batch.submissions[index])).model_dump_json().encode()
+        return json_bytes(await _run(request.app, batch.submissions[index]))
 
     sub_id = batch.sub_id if batch.sub_id is not None else uuid.uuid4().hex
     head = b'{"sub_id":' + json.dumps(sub_id).encode() + b',"results":['

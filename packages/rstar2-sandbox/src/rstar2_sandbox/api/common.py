@@ -23,6 +23,9 @@ METRICS = web.AppKey("metrics", Metrics)
 RESPONSE_BUDGET = web.AppKey("response_budget", ResponseBudget)
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+# Calls of one batch running or queued at once, at least: enough to keep a cluster's workers
+# fed (each holds up to twice its slots) while the batch's window is open.
+MIN_AHEAD = 64
 
 
 _ERRORS: dict[int, type[web.HTTPException]] = {
@@ -74,6 +77,12 @@ async def parse_body(request: web.Request, model: type[ModelT]) -> ModelT:
         raise invalid(exc) from exc
 
 
+def json_bytes(model: BaseModel) -> bytes:
+    """``model`` as JSON bytes, without the text copy ``model_dump_json().encode()`` makes (a
+    result can hold megabytes of output)."""
+    return model.__pydantic_serializer__.to_json(model)
+
+
 def queue_full(exc: QueueFullError) -> web.HTTPException:
     """503 with Retry-After (whole seconds, at least 1)."""
     error = json_error(503, "queue_full", str(exc), retry_after_s=exc.retry_after_s)
@@ -119,7 +128,10 @@ async def stream_results(
     head: bytes,
     tail: bytes = b"]}",
 ) -> web.StreamResponse:
-    """A batch response streamed in request order within the app's response budget."""
+    """A batch response streamed in request order within the app's response budget and window;
+    up to twice as many calls ahead as the dispatcher has slots (at least ``MIN_AHEAD``)."""
+    settings = request.app[SETTINGS]
+    slots = request.app[DISPATCHER].stats().slots
     return await stream_batch(
         request,
         count=count,
@@ -127,5 +139,7 @@ async def stream_results(
         head=head,
         tail=tail,
         budget=request.app[RESPONSE_BUDGET],
-        spool_dir=request.app[SETTINGS].spool_dir,
+        window_bytes=settings.response_buffer_mb << 20,
+        ahead=max(MIN_AHEAD, 2 * slots),
+        spool_dir=settings.spool_dir,
     )

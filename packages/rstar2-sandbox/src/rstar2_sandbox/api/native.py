@@ -12,6 +12,7 @@ from rstar2_sandbox.api.common import (
     SETTINGS,
     check_batch,
     execute,
+    json_bytes,
     parse_body,
     queue_full,
     stream_results,
@@ -87,7 +88,7 @@ async def run_batch(request: web.Request) -> web.StreamResponse:
 
     async def produce(index: int) -> bytes:
         result = await execute(request.app, batch.requests[index], "native")
-        return result.model_dump_json().encode()
+        return json_bytes(result)
 
     try:
         return await stream_results(request, len(batch.requests), produce, head=b'{"results":[')

@@ -1,11 +1,15 @@
-"""Batch responses streamed in request order, holding a bounded amount of memory.
+"""Batch responses streamed in request order, within a fixed window of bytes.
 
 A batch's results are written to the client as soon as every earlier one has been: item ``i``
 goes out when it and items ``0..i-1`` are done. Results that finish before their turn wait in a
 ``ResultSpool``: serialised, in memory while all streamed responses together hold less than the
-``ResponseBudget``, in an unlinked temporary file beyond it. So the front end's memory does not
-grow with the batch size: besides the request itself it holds the budget, the results of the
-calls running right now, and one write buffer per response.
+``ResponseBudget``, in an unlinked temporary file beyond it. Calls are admitted in order, a
+bounded number ahead of the one being written (``ahead``), and only while the batch's own waiting
+results are under its window: a client that does not read stops its batch from running further.
+So the front end's memory does not grow with the batch size or with a slow client: besides the
+request itself it holds the budget, the results of the calls running right now, and one write
+buffer per response; and a batch's temporary file holds at most its window plus the results of
+the calls that were running when the window filled.
 
 Nothing is sent until the first result is ready, so a batch the queue refuses at once still gets
 a plain 503. A failure after the response has started (say the queue refused a later item) cannot
@@ -64,11 +68,14 @@ class ResultSpool:
         self._wanted: tuple[int, asyncio.Future[None]] | None = None
         self.closed = False
         self.spilled_bytes = 0
+        self.held_bytes = 0
+        """Bytes of results put and not yet taken, in memory or on disk."""
 
     def put(self, index: int, data: bytes) -> None:
         """Keep item ``index``'s result until it is taken (dropped once the spool is closed)."""
         if self.closed:
             return
+        self.held_bytes += len(data)
         if self.budget.take(len(data)):
             self._memory[index] = data
         else:
@@ -108,10 +115,12 @@ class ResultSpool:
         if index in self._memory:
             data = self._memory.pop(index)
             self.budget.give(len(data))
-            return data
-        offset, length = self._spilled.pop(index)
-        assert self._file is not None
-        return _read_at(self._file.fileno(), offset, length)
+        else:
+            offset, length = self._spilled.pop(index)
+            assert self._file is not None
+            data = _read_at(self._file.fileno(), offset, length)
+        self.held_bytes -= len(data)
+        return data
 
     def close(self) -> None:
         """Release memory and the spill file; later results are dropped."""
@@ -120,6 +129,7 @@ class ResultSpool:
             self.budget.give(len(data))
         self._memory.clear()
         self._spilled.clear()
+        self.held_bytes = 0
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -155,16 +165,33 @@ async def stream_batch(
     head: bytes,
     tail: bytes,
     budget: ResponseBudget,
+    window_bytes: int,
+    ahead: int,
     spool_dir: str | None = None,
 ) -> web.StreamResponse:
-    """Run ``produce(i)`` for every item at once; stream ``head``, the items joined by commas
-    in order, then ``tail``.
+    """Run ``produce(i)`` for every item; stream ``head``, the items joined by commas in order,
+    then ``tail``.
 
-    ``produce`` returns item ``i`` serialised as JSON. An exception from one (e.g. the queue
-    refused the call) before anything was sent is raised here, after the other items are
-    cancelled; after that, the connection is cut instead.
+    Items start in order, at most ``ahead`` of them running at once, and none while this batch's
+    results waiting to be written reach ``window_bytes``. ``produce`` returns item ``i``
+    serialised as JSON. An exception from one (e.g. the queue refused the call) before anything
+    was sent is raised here, after the other items are cancelled; after that, the connection is
+    cut instead.
     """
     spool = ResultSpool(budget, spool_dir)
+    tasks: dict[int, asyncio.Task[None]] = {}
+    admitted = 0
+
+    def admit() -> None:
+        nonlocal admitted
+        while (
+            admitted < count
+            and len(tasks) < ahead
+            and spool.held_bytes < window_bytes
+            and not spool.closed
+        ):
+            tasks[admitted] = asyncio.ensure_future(run(admitted))
+            admitted += 1
 
     async def run(index: int) -> None:
         try:
@@ -175,8 +202,10 @@ async def stream_batch(
             spool.fail(index, exc)
         else:
             spool.put(index, data)
+        del tasks[index]
+        admit()
 
-    tasks = [asyncio.ensure_future(run(index)) for index in range(count)]
+    admit()
     response: web.StreamResponse | None = None
     # Items ready one after another go out in one write (one chunk, one system call).
     pending = [head]
@@ -187,6 +216,7 @@ async def stream_batch(
                 await response.write(b"".join(pending))
                 pending, pending_bytes = [], 0
             data = await spool.take(index)
+            admit()
             if response is None:
                 failure = spool.first_failure()
                 if failure is not None:
@@ -216,11 +246,12 @@ async def stream_batch(
         return response
     finally:
         spool.close()
-        for task in tasks:
+        running = list(tasks.values())
+        for task in running:
             task.cancel()
         # Calls still running finish in their slots; their results are dropped.
         with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*running, return_exceptions=True)
 
 
 async def _start(request: web.Request) -> web.StreamResponse:
