@@ -9,7 +9,7 @@ from aiohttp import web
 
 from rstar2_sandbox.api import codejudge, native, sandboxfusion
 from rstar2_sandbox.api.common import DISPATCHER, METRICS, RESPONSE_BUDGET, SETTINGS
-from rstar2_sandbox.api.limits import BODY_LIMITS
+from rstar2_sandbox.api.limits import BODY_LIMITS, SPOOL_DIR
 from rstar2_sandbox.api.streaming import ResponseBudget
 from rstar2_sandbox.dispatch import Dispatcher
 from rstar2_sandbox.metrics import Metrics
@@ -47,6 +47,7 @@ def create_app(dispatcher: Dispatcher, settings: ServerSettings | None = None) -
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
     bodies = {**native.BODIES, **codejudge.BODIES, **sandboxfusion.BODIES}
     app[BODY_LIMITS] = {path: body.limit(settings) for path, body in bodies.items()}
+    app[SPOOL_DIR] = settings.spool_dir or ""
     app[DISPATCHER] = dispatcher
     app[SETTINGS] = settings
     app[METRICS] = Metrics(dispatcher.stats)

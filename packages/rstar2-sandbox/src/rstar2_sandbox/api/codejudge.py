@@ -24,7 +24,14 @@ from rstar2_sandbox.api.common import (
 )
 from rstar2_sandbox.api.limits import Body, expect_within_limit
 from rstar2_sandbox.dispatch import QueueFullError
-from rstar2_sandbox.models import MAX_CODE_BYTES, MAX_STDIN_BYTES, RunRequest, RunResult, RunStatus
+from rstar2_sandbox.models import (
+    DEFAULT_OUTPUT_LIMIT_BYTES,
+    MAX_CODE_BYTES,
+    MAX_STDIN_BYTES,
+    RunRequest,
+    RunResult,
+    RunStatus,
+)
 
 routes = web.RouteTableDef()
 # What each body may hold (``limits``): a submission's solution, input and expected output.
@@ -171,7 +178,14 @@ async def _batch(request: web.Request) -> web.StreamResponse:
 
     sub_id = batch.sub_id if batch.sub_id is not None else uuid.uuid4().hex
     head = b'{"sub_id":' + json.dumps(sub_id).encode() + b',"results":['
-    return await stream_results(request, len(batch.submissions), produce, head=head)
+    # Code Judge calls carry no output cap: each gets the default one (``_run``).
+    return await stream_results(
+        request,
+        len(batch.submissions),
+        produce,
+        head=head,
+        output_limit_bytes=lambda _: DEFAULT_OUTPUT_LIMIT_BYTES,
+    )
 
 
 routes.post("/run/batch", expect_handler=expect_within_limit)(_batch)

@@ -11,7 +11,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from rstar2_sandbox.api.limits import read_body
-from rstar2_sandbox.api.streaming import ResponseBudget, stream_batch
+from rstar2_sandbox.api.streaming import ResponseBudget, result_bytes, stream_batch
 from rstar2_sandbox.dispatch import Dispatcher, QueueFullError
 from rstar2_sandbox.metrics import Metrics
 from rstar2_sandbox.models import RunRequest, RunResult
@@ -126,10 +126,12 @@ async def stream_results(
     produce: Callable[[int], Awaitable[bytes]],
     *,
     head: bytes,
+    output_limit_bytes: Callable[[int], int],
     tail: bytes = b"]}",
 ) -> web.StreamResponse:
-    """A batch response streamed in request order within the app's response budget and window;
-    up to twice as many calls ahead as the dispatcher has slots (at least ``MIN_AHEAD``)."""
+    """A batch response streamed in request order within the app's response budget and window
+    (item ``i``'s calls cap each output stream at ``output_limit_bytes(i)``); up to twice as
+    many calls ahead as the dispatcher has slots (at least ``MIN_AHEAD``)."""
     settings = request.app[SETTINGS]
     slots = request.app[DISPATCHER].stats().slots
     return await stream_batch(
@@ -141,5 +143,6 @@ async def stream_results(
         budget=request.app[RESPONSE_BUDGET],
         window_bytes=settings.response_buffer_mb << 20,
         ahead=max(MIN_AHEAD, 2 * slots),
+        reserve=lambda index: result_bytes(output_limit_bytes(index)),
         spool_dir=settings.spool_dir,
     )

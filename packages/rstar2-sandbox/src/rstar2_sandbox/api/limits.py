@@ -15,6 +15,7 @@ limit, on a connection that is then closed.
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 
 from aiohttp import hdrs, web
@@ -45,6 +46,9 @@ class Body:
 
 BODY_LIMITS = web.AppKey("body_limits", dict[str, int])
 """The app's limit for each endpoint that takes a body, by route path."""
+SPOOL_DIR = web.AppKey("body_spool_dir", str)
+"""Where chunked bodies go past ``CHUNKED_IN_MEMORY`` ("": the system's temporary directory)."""
+CHUNKED_IN_MEMORY = 1 << 20
 
 
 def body_limit(request: web.Request) -> int:
@@ -95,15 +99,34 @@ async def expect_within_limit(request: web.Request) -> web.StreamResponse | None
     raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
 
 
-async def read_body(request: web.Request) -> bytearray:
+async def read_body(request: web.Request) -> bytes | bytearray:
     """The whole body, judged first by ``Content-Length`` and then by a running count against
-    the endpoint's limit; raises the 413 as soon as it is over."""
+    the endpoint's limit; raises the 413 as soon as it is over.
+
+    A declared body is read into a buffer of its size. A chunked one (its size unknown until it
+    ends) is kept in memory up to ``CHUNKED_IN_MEMORY`` bytes and in an unlinked temporary file
+    (``ServerSettings.spool_dir``) beyond, so that bodies refused on the way cost disk writes,
+    not memory.
+    """
     limit = body_limit(request)
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large(request, limit, request.content_length)
-    body = bytearray()
-    while chunk := await request.content.readany():
-        body += chunk
-        if len(body) > limit:
-            raise too_large(request, limit, len(body))
-    return body
+    declared = request.content_length
+    if declared is not None:
+        if declared > limit:
+            raise too_large(request, limit, declared)
+        body = bytearray(declared)
+        filled = 0
+        while filled < declared and (chunk := await request.content.readany()):
+            body[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+        return body if filled == declared else body[:filled]
+    with tempfile.SpooledTemporaryFile(
+        CHUNKED_IN_MEMORY, dir=request.app[SPOOL_DIR] or None
+    ) as spool:
+        size = 0
+        while chunk := await request.content.readany():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(request, limit, size)
+            spool.write(chunk)
+        spool.seek(0)
+        return spool.read()

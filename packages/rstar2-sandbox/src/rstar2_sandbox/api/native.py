@@ -91,7 +91,13 @@ async def run_batch(request: web.Request) -> web.StreamResponse:
         return json_bytes(result)
 
     try:
-        return await stream_results(request, len(batch.requests), produce, head=b'{"results":[')
+        return await stream_results(
+            request,
+            len(batch.requests),
+            produce,
+            head=b'{"results":[',
+            output_limit_bytes=lambda index: batch.requests[index].output_limit_bytes,
+        )
     except QueueFullError as exc:
         raise queue_full(exc) from exc
 

@@ -4,12 +4,13 @@ A batch's results are written to the client as soon as every earlier one has bee
 goes out when it and items ``0..i-1`` are done. Results that finish before their turn wait in a
 ``ResultSpool``: serialised, in memory while all streamed responses together hold less than the
 ``ResponseBudget``, in an unlinked temporary file beyond it. Calls are admitted in order, a
-bounded number ahead of the one being written (``ahead``), and only while the batch's own waiting
-results are under its window: a client that does not read stops its batch from running further.
-So the front end's memory does not grow with the batch size or with a slow client: besides the
-request itself it holds the budget, the results of the calls running right now, and one write
-buffer per response; and a batch's temporary file holds at most its window plus the results of
-the calls that were running when the window filled.
+bounded number ahead of the one being written (``ahead``), and only while the batch's window
+(``window_bytes``) has room for the results waiting to be written plus, for each running call,
+the largest result it can produce (``result_bytes``: both of its output caps): a client that does
+not read stops its batch from running further, and a batch whose calls may print a lot runs fewer
+of them at once. So what a batch's results take in the front end, waiting or arriving, stays
+within its window (JSON escaping of control characters aside); over all batches the budget bounds
+the memory of waiting results, and a batch's temporary file holds at most its window.
 
 Nothing is sent until the first result is ready, so a batch the queue refuses at once still gets
 a plain 503. A failure after the response has started (say the queue refused a later item) cannot
@@ -31,8 +32,16 @@ from aiohttp import web
 
 log = logging.getLogger(__name__)
 
-# Results ready one after another are written together up to this many bytes.
+# A result's fields besides its two output streams, and the sandbox's notes on its limits.
+RESULT_OVERHEAD_BYTES = 4096
+# Results ready one after another are written together up to this many bytes; a larger one is
+# written in slices of this size.
 WRITE_BYTES = 1 << 16
+
+
+def result_bytes(output_limit_bytes: int) -> int:
+    """The largest result of a call with this cap on each output stream, serialised."""
+    return 2 * output_limit_bytes + RESULT_OVERHEAD_BYTES
 
 
 class ResponseBudget:
@@ -167,29 +176,32 @@ async def stream_batch(
     budget: ResponseBudget,
     window_bytes: int,
     ahead: int,
+    reserve: Callable[[int], int],
     spool_dir: str | None = None,
 ) -> web.StreamResponse:
     """Run ``produce(i)`` for every item; stream ``head``, the items joined by commas in order,
     then ``tail``.
 
-    Items start in order, at most ``ahead`` of them running at once, and none while this batch's
-    results waiting to be written reach ``window_bytes``. ``produce`` returns item ``i``
-    serialised as JSON. An exception from one (e.g. the queue refused the call) before anything
-    was sent is raised here, after the other items are cancelled; after that, the connection is
-    cut instead.
+    Items start in order, at most ``ahead`` of them running at once, each only while this
+    batch's results waiting to be written and the ``reserve(i)`` bytes of every running item
+    (the largest result it can produce) fit in ``window_bytes``; one item always may run.
+    ``produce`` returns item ``i`` serialised as JSON. An exception from one (e.g. the queue
+    refused the call) before anything was sent is raised here, after the other items are
+    cancelled; after that, the connection is cut instead.
     """
     spool = ResultSpool(budget, spool_dir)
     tasks: dict[int, asyncio.Task[None]] = {}
+    reserved: dict[int, int] = {}
     admitted = 0
 
     def admit() -> None:
         nonlocal admitted
-        while (
-            admitted < count
-            and len(tasks) < ahead
-            and spool.held_bytes < window_bytes
-            and not spool.closed
-        ):
+        while admitted < count and len(tasks) < ahead and not spool.closed:
+            need = reserve(admitted)
+            in_use = spool.held_bytes + sum(reserved.values())
+            if in_use and in_use + need > window_bytes:
+                return
+            reserved[admitted] = need
             tasks[admitted] = asyncio.ensure_future(run(admitted))
             admitted += 1
 
@@ -202,7 +214,7 @@ async def stream_batch(
             spool.fail(index, exc)
         else:
             spool.put(index, data)
-        del tasks[index]
+        del tasks[index], reserved[index]
         admit()
 
     admit()
@@ -213,7 +225,7 @@ async def stream_batch(
     try:
         for index in range(count):
             if response is not None and not spool.ready(index):
-                await response.write(b"".join(pending))
+                await _send(response, pending)
                 pending, pending_bytes = [], 0
             data = await spool.take(index)
             admit()
@@ -227,12 +239,12 @@ async def stream_batch(
             pending.append(data)
             pending_bytes += len(data)
             if pending_bytes >= WRITE_BYTES:
-                await response.write(b"".join(pending))
+                await _send(response, pending)
                 pending, pending_bytes = [], 0
         if response is None:
             response = await _start(request)
         pending.append(tail)
-        await response.write(b"".join(pending))
+        await _send(response, pending)
         await response.write_eof()
         return response
     except Exception as exc:
@@ -252,6 +264,25 @@ async def stream_batch(
         # Calls still running finish in their slots; their results are dropped.
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*running, return_exceptions=True)
+
+
+async def _send(response: web.StreamResponse, parts: list[bytes]) -> None:
+    """Write ``parts`` in order: small ones joined into one write, a large one in slices of
+    ``WRITE_BYTES`` (each write is copied once more on its way out; slices keep that copy small
+    and let the client's pace, not the result's size, set what waits in the socket's buffer)."""
+    small: list[bytes] = []
+    for part in parts:
+        if len(part) <= WRITE_BYTES:
+            small.append(part)
+            continue
+        if small:
+            await response.write(b"".join(small))
+            small = []
+        view = memoryview(part)
+        for offset in range(0, len(part), WRITE_BYTES):
+            await response.write(view[offset : offset + WRITE_BYTES])
+    if small:
+        await response.write(b"".join(small))
 
 
 async def _start(request: web.Request) -> web.StreamResponse:

@@ -126,6 +126,8 @@ class ForkServerProcess:
             future = self.pending.pop(int(message["id"]), None)
             if future is not None and not future.done():
                 future.set_result(RunResult.model_validate(message["result"]))
+            # Not kept while waiting for the next frame: a result can hold megabytes of output.
+            del body, message
         self.ready.clear()
         for future in self.pending.values():
             if not future.done():
