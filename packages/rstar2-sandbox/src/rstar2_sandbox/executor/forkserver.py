@@ -30,7 +30,7 @@ from typing import Any
 from rstar2_sandbox.executor.child import FILENAME, ChildPlan, child_main, minimal_environment
 from rstar2_sandbox.executor.loop import Loop, Timer
 from rstar2_sandbox.executor.prefix_cache import PrefixCache
-from rstar2_sandbox.executor.rootfs import enter_root, plan_root
+from rstar2_sandbox.executor.rootfs import enter_root, plan_root, under
 from rstar2_sandbox.executor.slot_tmp import SlotTmp
 from rstar2_sandbox.executor.syscalls import (
     Feature,
@@ -550,14 +550,10 @@ def _feature(result: Feature) -> dict[str, Any]:
 
 def _prune_sys_path(visible: list[str]) -> None:
     """Keep only the ``sys.path`` entries runs can see (``visible``, as real paths)."""
-    kept = [p for p in sys.path if _inside(os.path.realpath(p), visible)]
+    kept = [p for p in sys.path if under(os.path.realpath(p), visible)]
     for entry in set(sys.path) - set(kept):
         sys.path_importer_cache.pop(entry, None)
     sys.path[:] = kept
-
-
-def _inside(path: str, roots: list[str]) -> bool:
-    return any(path == root or path.startswith(root + os.sep) for root in roots)
 
 
 def main() -> None:

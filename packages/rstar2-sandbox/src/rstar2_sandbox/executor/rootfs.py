@@ -84,7 +84,8 @@ class RootPlan:
         )
 
 
-def _under(path: str, roots: Iterable[str]) -> bool:
+def under(path: str, roots: Iterable[str]) -> bool:
+    """Whether ``path`` is one of ``roots`` or inside one."""
     return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
 
 
@@ -103,7 +104,7 @@ def python_paths(preloaded: Iterable[str]) -> list[str]:
     # sys.path entries inside the installation: the standard library, lib-dynload, site-packages
     # (not the project's own directories, which editable installs and test runners add).
     for entry in sys.path:
-        if entry and os.path.exists(entry) and _under(os.path.realpath(entry), install):
+        if entry and os.path.exists(entry) and under(os.path.realpath(entry), install):
             paths.append(entry)
     covered = [os.path.realpath(p) for p in paths]
     for name in preloaded:
@@ -111,7 +112,7 @@ def python_paths(preloaded: Iterable[str]) -> list[str]:
         file = getattr(module, "__file__", None)
         locations = list(getattr(module, "__path__", None) or ([file] if file else []))
         for location in locations:
-            if not _under(os.path.realpath(location), covered):
+            if not under(os.path.realpath(location), covered):
                 paths.append(location)
                 covered.append(os.path.realpath(location))
     return list(dict.fromkeys(paths))
@@ -161,7 +162,7 @@ def library_paths(covered: Iterable[str]) -> list[str]:
         if not path.startswith("/") or path.endswith(" (deleted)") or not os.path.isfile(path):
             continue
         directory = os.path.dirname(path)
-        if not _under(path, roots) and not _under(directory, [*MOUNT_POINTS, "/dev"]):
+        if not under(path, roots) and not under(directory, [*MOUNT_POINTS, "/dev"]):
             paths.append(directory)
     return list(dict.fromkeys(paths))
 
@@ -184,7 +185,7 @@ def plan_root(preloaded: Iterable[str], slot_uids: Iterable[int]) -> RootPlan:
     # A path without symlinks inside a directory of the list is there already.
     plain = [p for p in paths if os.path.realpath(p) == p]
     directories = [p for p in plain if os.path.isdir(p)]
-    inside = {p for p in plain if any(p != d and _under(p, [d]) for d in directories)}
+    inside = {p for p in plain if any(p != d and under(p, [d]) for d in directories)}
     return RootPlan(
         read_only=tuple(p for p in paths if p not in inside), files=account_files(slot_uids)
     )
