@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 from typing import Annotated
 
 import typer
@@ -250,7 +251,9 @@ def main(
         extra["window"] = window
         console.print_json(data={"window (native batches, --response-buffer-mb 64)": window})
 
-    if "step" in chosen:
+    if "step" in chosen and shutil.which("redis-server") is None:
+        console.print("step: skipped, redis-server is not installed (apt-get install redis-server)")
+    elif "step" in chosen:
         steps = [
             asyncio.run(
                 cluster_step(

@@ -17,21 +17,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from rstar2_sandbox import SandboxClient
+from rstar2_sandbox.bench import memory_mib
+
+__all__ = ["LocalCluster", "free_port", "local_cluster", "memory_mib", "served", "wait_healthy"]
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def memory_mib(pid: int, name: str) -> float:
-    """VmRSS (now) or VmHWM (peak) of a process, in MiB."""
-    with open(f"/proc/{pid}/status") as handle:
-        for line in handle:
-            if line.startswith(name + ":"):
-                return int(line.split()[1]) / 1024
-    raise KeyError(name)
 
 
 def _environment(pythonpath: str | None) -> dict[str, str]:

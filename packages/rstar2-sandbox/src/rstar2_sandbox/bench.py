@@ -47,6 +47,15 @@ class BenchRow(BaseModel):
     p99_ms: float
 
 
+def memory_mib(pid: int, field: str) -> float:
+    """A process's ``VmRSS`` (now) or ``VmHWM`` (its peak), in MiB (Linux)."""
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise KeyError(f"{field} is not in /proc/{pid}/status")
+
+
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
     if not sorted_values:
         return 0.0

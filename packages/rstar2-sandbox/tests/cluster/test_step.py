@@ -9,6 +9,7 @@ import signal
 import pytest
 from redis.asyncio import Redis
 
+from rstar2_sandbox.bench import memory_mib
 from rstar2_sandbox.step import StepReport, run_step, step_calls
 
 from .conftest import free_port
@@ -17,14 +18,6 @@ from .helpers import Processes, completions, wait_for_workers
 pytestmark = [pytest.mark.asyncio, pytest.mark.cluster, pytest.mark.slow]
 
 CALLS = 1200
-
-
-def rss_mib(pid: int, field: str) -> float:
-    with open(f"/proc/{pid}/status") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise KeyError(field)
 
 
 async def test_a_step_with_a_worker_killed_halfway_is_answered_exactly_once(
@@ -36,7 +29,7 @@ async def test_a_step_with_a_worker_killed_halfway_is_answered_exactly_once(
     doomed = processes.worker("doomed", preload="numpy,sympy")
     processes.worker("survivor", preload="numpy,sympy")
     await wait_for_workers(url, 2, timeout_s=180)
-    idle = rss_mib(front.pid, "VmRSS")
+    idle = memory_mib(front.pid, "VmRSS")
 
     calls = step_calls(CALLS, seed=1)
     assert {call.kind for call in calls} == {"trivial", "numpy", "sympy", "failing"}
@@ -55,4 +48,4 @@ async def test_a_step_with_a_worker_killed_halfway_is_answered_exactly_once(
     assert any(marker["deliveries"] == 2 for marker in done.values()), "nothing was reclaimed"
     # Calls in flight are bounded by the client (256 here), not by the step: the front end
     # holds none of the step's results once they are sent.
-    assert rss_mib(front.pid, "VmHWM") - idle < 120
+    assert memory_mib(front.pid, "VmHWM") - idle < 120

@@ -31,7 +31,6 @@ import site
 import stat
 import struct
 import sys
-import sysconfig
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -94,12 +93,9 @@ def python_paths(preloaded: Iterable[str]) -> list[str]:
     paths = [sys.executable]
     if sys.prefix != sys.base_prefix:
         paths.append(os.path.join(sys.prefix, "pyvenv.cfg"))
-    schemes = (
-        sysconfig.get_paths(),
-        sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix}),
-    )
-    install = {s[key] for s in schemes for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    install.update(site.getsitepackages())
+    # The standard library (os.py lives there; lib-dynload too, on every layout we know) and
+    # site-packages. (Not from sysconfig: importing it makes every fork copy more.)
+    install = {os.path.dirname(os.__file__), *site.getsitepackages()}
     install = {os.path.realpath(p) for p in install}
     # sys.path entries inside the installation: the standard library, lib-dynload, site-packages
     # (not the project's own directories, which editable installs and test runners add).

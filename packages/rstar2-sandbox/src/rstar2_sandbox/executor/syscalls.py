@@ -12,7 +12,6 @@ import ctypes
 import ctypes.util
 import errno
 import os
-import platform
 import select
 import signal
 import sys
@@ -78,9 +77,10 @@ def umount_detached(target: str) -> None:
 
 def pivot_root(new_root: str, put_old: str) -> None:
     """``pivot_root(2)``."""
-    number = _SYS_PIVOT_ROOT.get(platform.machine())
+    machine = os.uname().machine
+    number = _SYS_PIVOT_ROOT.get(machine)
     if number is None:
-        raise OSError(errno.ENOSYS, f"pivot_root: unknown syscall number on {platform.machine()}")
+        raise OSError(errno.ENOSYS, f"pivot_root: unknown syscall number on {machine}")
     _check(_libc.syscall(number, new_root.encode(), put_old.encode()), "pivot_root")
 
 
@@ -348,9 +348,7 @@ def expose_python(roots: list[str]) -> Feature:
 
 def can_read_python_as(uid: int) -> Feature:
     """Check, in a forked probe that becomes ``uid``, that a run could import the stdlib."""
-    import sysconfig
-
-    stdlib = sysconfig.get_paths()["stdlib"]
+    stdlib = os.path.dirname(os.__file__)
     probe = os.path.join(stdlib, "secrets.py")
     pid = os.fork()
     if pid == 0:
