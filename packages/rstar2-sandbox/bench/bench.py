@@ -32,7 +32,7 @@ import shutil
 from typing import Annotated
 
 import typer
-from front_end import measure_big_results, measure_bodies, measure_stalled_client
+from front_end import BODY_MODES, measure_big_results, measure_bodies, measure_stalled_client
 from processes import memory_mib, served, wait_healthy
 from rich.console import Console
 from step_bench import cluster_step
@@ -232,9 +232,11 @@ def main(
         )
 
     if "bodies" in chosen:
-        with served(server_pythonpath) as (url, pid):
-            asyncio.run(wait_healthy(url, 120))
-            bodies = asyncio.run(measure_bodies(url, pid, body_calls))
+        bodies = {}
+        for mode in BODY_MODES:  # each on a fresh server: its peak RSS is then this mode's
+            with served(server_pythonpath) as (url, pid):
+                asyncio.run(wait_healthy(url, 120))
+                bodies[mode] = asyncio.run(measure_bodies(url, pid, body_calls, mode))
         extra["bodies"] = bodies
         console.print_json(data={"bodies (one-at-a-time /v1/run; 4 x 250 MB bodies)": bodies})
 

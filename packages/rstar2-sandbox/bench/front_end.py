@@ -65,39 +65,39 @@ def _percentiles(latencies: list[float]) -> dict[str, float]:
 
 # Four clients sharing a 1 Gb/s link: how bodies arrive from other machines.
 LINK_BYTES_PER_S = 125_000_000 / SENDERS
+BODY_MODES = {
+    "declared, local senders at full speed": ("declared", 0.0),
+    "chunked, local senders at full speed": ("chunked", 0.0),
+    "declared, senders sharing 1 Gb/s": ("declared", LINK_BYTES_PER_S),
+}
 
 
-async def measure_bodies(url: str, pid: int, calls: int) -> dict[str, object]:
-    """Other callers' latency and the front end's peak RSS while ``SENDERS`` clients on this
-    machine keep sending ``BODY_BYTES`` bodies to /v1/run: declared and chunked, as fast as they
-    can, then declared as over a shared 1 Gb/s link; against the idle service."""
+async def measure_bodies(url: str, pid: int, calls: int, mode: str) -> dict[str, object]:
+    """Other callers' latency, idle and then while ``SENDERS`` clients on this machine keep
+    sending ``BODY_BYTES`` bodies to /v1/run as ``BODY_MODES[mode]`` says, and the front end's
+    peak RSS growth meanwhile."""
+    framing, rate = BODY_MODES[mode]
     await one_at_a_time(url, 20)  # warm-up
-    report: dict[str, object] = {"idle": _percentiles(await one_at_a_time(url, calls))}
+    idle = _percentiles(await one_at_a_time(url, calls))
     host, port = url.removeprefix("http://").split(":")
-    modes = {
-        "declared, local senders at full speed": ("declared", 0.0),
-        "chunked, local senders at full speed": ("chunked", 0.0),
-        "declared, senders sharing 1 Gb/s": ("declared", LINK_BYTES_PER_S),
+    before = memory_mib(pid, "VmHWM")
+    command = [sys.executable, "-c", _SENDER, host, port, "/v1/run", str(BODY_BYTES)]
+    senders = [
+        subprocess.Popen([*command, framing, str(rate)])  # noqa: ASYNC220 (nothing to await)
+        for _ in range(SENDERS)
+    ]
+    try:
+        await asyncio.sleep(1.0)
+        latencies = await one_at_a_time(url, calls)
+    finally:
+        for sender in senders:
+            sender.kill()
+            sender.wait()
+    return {
+        "idle": idle,
+        "under the bodies": _percentiles(latencies),
+        "peak_rss_growth_mib": memory_mib(pid, "VmHWM") - before,
     }
-    for name, (mode, rate) in modes.items():
-        before = memory_mib(pid, "VmHWM")
-        command = [sys.executable, "-c", _SENDER, host, port, "/v1/run", str(BODY_BYTES)]
-        senders = [
-            subprocess.Popen([*command, mode, str(rate)])  # noqa: ASYNC220 (nothing to await)
-            for _ in range(SENDERS)
-        ]
-        try:
-            await asyncio.sleep(1.0)
-            latencies = await one_at_a_time(url, calls)
-        finally:
-            for sender in senders:
-                sender.kill()
-                sender.wait()
-        report[name] = {
-            **_percentiles(latencies),
-            "peak_rss_growth_mib": memory_mib(pid, "VmHWM") - before,
-        }
-    return report
 
 
 async def _native_calls_total(session: aiohttp.ClientSession, url: str) -> float:
