@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -20,6 +21,16 @@ from rstar2_scheduler import GenerationRequest, GenerationResult
 from rstar2_scheduler.engines.vllm_sync import fused_members, plan_buckets
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "vllm_gpu.py"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """The reference is a 2-layer model scored one token at a time: one torch thread runs it
+    fastest, and on a busy machine two threads spinning for each tiny op are much slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

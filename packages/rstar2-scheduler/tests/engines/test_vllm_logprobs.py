@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from vllm_standin import StandInAsyncLLM
+from vllm_standin import SMALLEST, StandInAsyncLLM
 
 from rstar2_algo import selective_log_softmax
 from rstar2_scheduler.engine import GenerationRequest, SamplingParams
@@ -71,15 +71,7 @@ def test_the_engine_starts_vllm_with_its_configured_mode() -> None:
 async def test_a_request_whose_log_probs_differ_from_the_trainers_is_served_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    config = Qwen2Config(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    llm = StandInAsyncLLM(config)
+    llm = StandInAsyncLLM(SMALLEST)
     engine = VLLMEngine(VLLMEngineConfig(model="m"), llm=llm, transport=llm.memory.engine())
     nucleus = SamplingParams(max_new_tokens=2, top_p=0.9)
     with caplog.at_level(logging.WARNING, logger="rstar2_scheduler.engines.vllm"):

@@ -193,6 +193,17 @@ def cuda_reduce_args(tensor: torch.Tensor, *, handle: bytes) -> tuple[Any, ...]:
     )
 
 
+SMALLEST = Qwen2Config(
+    vocab_size=64,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
+"""A one-layer model for tests that generate through the stand-in and load no weights."""
+
+
 STACKED = {
     ".q_proj": (".qkv_proj", "q"),
     ".k_proj": (".qkv_proj", "k"),
