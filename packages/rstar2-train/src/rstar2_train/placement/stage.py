@@ -140,6 +140,8 @@ async def placed_stage(
                     max_batch_size=rl.engines.max_batch_size,
                     vllm_model=model_path,
                     vllm_args=dict(rl.engines.vllm),
+                    temperature=rl.rollout.temperature,
+                    top_p=rl.rollout.top_p,
                 ),
                 shared_model,
                 max(1, int(engines.cpus)),
