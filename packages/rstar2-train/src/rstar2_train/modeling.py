@@ -22,29 +22,12 @@ from rstar2_data.hub import hub_problem, unreachable_message
 from rstar2_scheduler import ChatProtocol, install_chat_template
 from rstar2_scheduler.protocol import SPECIAL_TOKENS
 from rstar2_train.config.schema import ModelConfig, StageConfig, TokenizerTraining
+from rstar2_train.devices import DTYPES, trainer_on_gpu
+from rstar2_train.devices import resolve_device as resolve_device  # re-exported
 
 logger = logging.getLogger(__name__)
 
 EOS = "<|endoftext|>"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto``: the first CUDA device when there is one, else the CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def trainer_on_gpu(config: StageConfig) -> bool:
-    """Whether the stage trains on GPUs: its Ray trainer ranks have GPUs, or (in this process)
-    ``model.device`` resolves to one."""
-    from rstar2_train.placement.stage import stage_placement  # imports this module
-
-    placement = stage_placement(config)
-    if placement is not None:
-        return placement.trainer.gpus > 0
-    return resolve_device(config.model.device).type != "cpu"
 
 
 def choose_attention(requested: str, *, on_gpu: bool, packed: bool) -> str:

@@ -26,6 +26,7 @@ from rstar2_train.checkpoint import (
 )
 from rstar2_train.config.schema import StageConfig
 from rstar2_train.data import DataOrder
+from rstar2_train.devices import resolve_device
 from rstar2_train.metrics import MetricsLog, read_metrics
 from rstar2_train.modeling import (
     TOKENIZER_SETTING,
@@ -33,7 +34,6 @@ from rstar2_train.modeling import (
     check_source,
     load_tokenizer,
     resolve_attention,
-    resolve_device,
     train_tokenizer,
 )
 from rstar2_train.plots import write_plots

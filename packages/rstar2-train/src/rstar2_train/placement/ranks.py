@@ -36,7 +36,7 @@ from rstar2_train.actor import (
 )
 from rstar2_train.batching import MicroBatch, token_logprobs
 from rstar2_train.config.schema import FSDPConfig, OptimizerConfig, ScheduleConfig
-from rstar2_train.modeling import DTYPES
+from rstar2_train.devices import DTYPES
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
