@@ -39,6 +39,7 @@ from rstar2_train.modeling import (
 from rstar2_train.plots import write_plots
 from rstar2_train.progress import LogReporter, Reporter
 from rstar2_train.run_dir import RunDir
+from rstar2_train.startup import FirstStepClock
 from rstar2_train.wandb_run import WandbRun
 
 logger = logging.getLogger(__name__)
@@ -55,13 +56,14 @@ class StageRun:
         allow_changes: bool = False,
         reporter: Reporter | None = None,
     ) -> None:
+        self.clock = FirstStepClock()
         self.dir = RunDir(config.output_dir)
         self.dir.prepare(config, resume=resume, allow_changes=allow_changes)
         # The config as given stays the run's identity (resume and the demo compare it); what
         # `auto` chose on this machine is noted in config.yaml as a comment.
-        resolved = resolve_attention(config)
-        if resolved.model.attn_implementation != config.model.attn_implementation:
-            note = f"# model.attn_implementation auto: {resolved.model.attn_implementation}\n"
+        resolved, choice = resolve_attention(config)
+        if choice is not None:
+            note = f"# model.attn_implementation auto: {choice.name} ({choice.reason})\n"
             atomic_write_text(self.dir.config, self.dir.config.read_text() + note)
         config = resolved
         self.config = config
@@ -135,8 +137,9 @@ class StageRun:
             model_config = model_config.model_copy(
                 update={"path": str(self.checkpoint), "init": None}
             )
-        model = build_model(model_config, tokenizer, seed=self.config.seed)
-        model.to(self.device)  # type: ignore[arg-type]  # transformers' stub of .to is wrong
+        with self.clock.model_build():
+            model = build_model(model_config, tokenizer, seed=self.config.seed)
+            model.to(self.device)  # type: ignore[arg-type]  # transformers' stub of .to is wrong
         return model
 
     def restore(
@@ -183,7 +186,9 @@ class StageRun:
         return folder
 
     def after_step(self, step: int, total_steps: int, metrics: dict[str, float]) -> None:
-        """Log the step and write a checkpoint when one is due."""
+        """Log the step and write a checkpoint when one is due; the first step of this process
+        also records how long it took to get there (``startup/*``)."""
+        metrics = {**metrics, **self.clock.metrics()}
         self.metrics.write(step, metrics)
         self.reporter.step(step, metrics)
         every = self.config.checkpoint.every_steps
@@ -199,5 +204,6 @@ class StageRun:
         return final
 
     def close(self, *, failed: bool = False) -> None:
+        self.clock.close()
         self.metrics.close(failed=failed)
         self.reporter.stop()

@@ -54,16 +54,19 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="bfloat16", description="Parameter dtype for training and engines."
     )
-    attn_implementation: Literal["auto", "sdpa", "flex_attention", "eager", "flash_attention_2"] = (
-        Field(
-            default="auto",
-            description="transformers attention kernel of the trainer. auto: flex_attention when "
-            "the trainer runs on a GPU (CUDA or ROCm) and micro-batches are packed (sft.packing, "
-            "rl.packing), since sdpa attends through a dense [tokens, tokens] mask over a packed "
-            "row; sdpa otherwise (CPU, padded rows). The choice is logged and written to the run's "
-            "config.yaml. flex_attention has no backward pass on CPU; flash_attention_2 needs the "
-            "flash-attn package. TransformersEngine decodes with sdpa instead of flex_attention.",
-        )
+    attn_implementation: Literal[
+        "auto", "varlen_attention", "sdpa", "flex_attention", "eager", "flash_attention_2"
+    ] = Field(
+        default="auto",
+        description="transformers attention kernel of the trainer. auto: when the trainer runs "
+        "on a GPU and micro-batches are packed (sft.packing, rl.packing), varlen_attention "
+        "(PyTorch's variable-length FlashAttention, torch 2.10+, bf16/fp16, no compilation), or "
+        "flex_attention where that is unavailable (older torch, ROCm, float32; it compiles its "
+        "kernels in the first step); sdpa otherwise (CPU, padded rows: over a packed row sdpa "
+        "attends through a dense [tokens, tokens] mask). The choice and its reason are logged "
+        "and noted in the run's config.yaml. flex_attention has no backward pass on CPU; "
+        "flash_attention_2 needs the flash-attn package. TransformersEngine decodes with its "
+        "own attention.",
     )
     gradient_checkpointing: bool = Field(
         default=False, description="Recompute activations in the backward pass to save memory."
