@@ -27,6 +27,7 @@ from rstar2_train.checkpoint import (
 from rstar2_train.config.schema import StageConfig
 from rstar2_train.data import DataOrder
 from rstar2_train.devices import resolve_device
+from rstar2_train.memory import plan_stage_memory
 from rstar2_train.metrics import MetricsLog, read_metrics
 from rstar2_train.modeling import (
     TOKENIZER_SETTING,
@@ -60,12 +61,18 @@ class StageRun:
         self.dir = RunDir(config.output_dir)
         self.dir.prepare(config, resume=resume, allow_changes=allow_changes)
         # The config as given stays the run's identity (resume and the demo compare it); what
-        # `auto` chose on this machine is noted in config.yaml as a comment.
-        resolved, choice = resolve_attention(config)
+        # `auto` chose and what the memory plan changed on this machine are noted in
+        # config.yaml as comments.
+        config, choice = resolve_attention(config)
+        notes = []
         if choice is not None:
-            note = f"# model.attn_implementation auto: {choice.name} ({choice.reason})\n"
-            atomic_write_text(self.dir.config, self.dir.config.read_text() + note)
-        config = resolved
+            notes.append(f"model.attn_implementation auto: {choice.name} ({choice.reason})")
+        config, plan = plan_stage_memory(config)
+        if plan is not None and plan.changes:
+            notes.append(plan.describe())
+        if notes:
+            text = "".join(f"# {note}\n" for note in notes)
+            atomic_write_text(self.dir.config, self.dir.config.read_text() + text)
         self.config = config
         self.reporter: Reporter = reporter or LogReporter()
         found = list_checkpoints(self.dir.checkpoints) if resume else []

@@ -82,6 +82,28 @@ class ModelConfig(_Section):
         return self
 
 
+class MemoryConfig(_Section):
+    """Planning the trainer's memory on a GPU before the first step."""
+
+    plan: bool = Field(
+        default=True,
+        description="Estimate the trainer's peak memory per step from the model's shape and "
+        "these settings, compare it with the GPU's free memory, and when it would not fit "
+        "shrink micro-batch tokens (in this process) or turn activation checkpointing on; fail "
+        "at once, naming the settings to change, when nothing fits. CUDA only.",
+    )
+    min_micro_batch_tokens: int = Field(
+        default=4096, gt=0, description="The plan shrinks micro-batches no further than this."
+    )
+    usable_fraction: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Share of the GPU's free memory the estimate may fill (the rest absorbs "
+        "allocator fragmentation and kernel workspaces).",
+    )
+
+
 class TokenizerTraining(_Section):
     """Train a byte-level BPE tokenizer on the stage's own training data (with ``model.init``)."""
 
@@ -509,6 +531,7 @@ class StageConfig(_Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     sft: SFTConfig | None = None
     rl: RLConfig | None = None
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
     placement: PlacementConfig | None = Field(
         default=None,
         description="RL: run trainer ranks, engines, the sandbox and the graders as Ray "

@@ -111,6 +111,7 @@ async def placed_stage(
             placement=trainer,
             scheduling=[at(i) for i in range(trainer.ranks)],
             name=config.name,
+            memory=config.memory,
         )
         shared_model = ray.put(model) if rl.engines.kind == "transformers" else None
         names = [f"engine-{i}" for i in range(count)]
