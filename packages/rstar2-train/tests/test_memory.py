@@ -3,7 +3,6 @@ decisions on devices of given sizes (no GPU needed: the device's memory is an in
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -29,20 +28,17 @@ from rstar2_train.memory import (
 from rstar2_train.placement import ranks as ranks_module
 from rstar2_train.placement.ranks import RankSetup, TrainerRank, free_port
 
-BENCH = Path(__file__).parents[1] / "bench" / "scale_gpu.py"
+BENCH = Path(__file__).parents[1] / "bench"
 H200 = 139 * GIB  # what torch reports free on an idle 141 GB H200
 H100 = 79 * GIB
 
 
 def bench_shapes() -> dict[str, dict[str, Any]]:
-    spec = importlib.util.spec_from_file_location("scale_gpu_shapes", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    shapes: dict[str, dict[str, Any]] = module.SHAPES
-    return shapes
+    """The Qwen3 shapes the GPU benchmark measures."""
+    sys.path.insert(0, str(BENCH))
+    from gpu_rows import SHAPES
+
+    return SHAPES
 
 
 def shape(name: str) -> ModelShape:

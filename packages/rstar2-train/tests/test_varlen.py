@@ -224,3 +224,15 @@ def test_the_installed_torch_has_the_varlen_signature_this_code_expects() -> Non
     names = set(inspect.signature(varlen_attn).parameters)
     assert {"query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k"} <= names
     assert "is_causal" in names or "window_size" in names
+
+
+def test_no_mask_is_built_for_a_forward_without_cache_in_either_mask_api() -> None:
+    from rstar2_train.attention import varlen_mask
+
+    assert varlen_mask(batch_size=1, q_length=6, kv_length=6, q_offset=0, kv_offset=0) is None
+    # transformers releases before q_length/q_offset passed the query's cache positions
+    assert varlen_mask(batch_size=1, cache_position=torch.arange(6), kv_length=6) is None
+    cached = varlen_mask(batch_size=2, q_length=3, kv_length=5, q_offset=2, kv_offset=0)
+    assert cached is not None
+    assert cached.shape[-2:] == (3, 5)
+    assert cached[0, 0].tolist() == [[True] * 3 + [False] * 2, [True] * 4 + [False], [True] * 5]

@@ -216,42 +216,35 @@ def varlen_attention_forward(
     if offsets is None or longest is None:
         assert position_ids is not None
         offsets, longest = offsets_from_position_ids(position_ids.expand(1, -1))
-    tokens = query.shape[2]
-    if int(offsets[-1]) != tokens:
-        raise ValueError(f"document offsets end at {int(offsets[-1])}, the row has {tokens} tokens")
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
     out = kernel_for(query.device)(q, k, v, offsets.to(query.device), longest, scaling)
     return out.unsqueeze(0), None
 
 
 def varlen_mask(
-    batch_size: int,
-    q_length: int,
+    *,
     kv_length: int,
-    q_offset: Any = 0,
     kv_offset: Any = 0,
     attention_mask: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor | None:
     """No mask for a forward without cache or padding mask (causal within documents is the
-    kernel's job); ``sdpa``'s mask otherwise (rows reading a KV cache, padded batches)."""
+    kernel's job); ``sdpa``'s mask otherwise (rows reading a KV cache, padded batches). Takes
+    the query's extent as recent transformers give it (``q_length``, ``q_offset``) or as
+    earlier 5.x releases did (``cache_position``)."""
+    q_length, q_offset = kwargs.get("q_length"), kwargs.get("q_offset", 0)
+    positions = kwargs.get("cache_position")
+    if q_length is None and positions is not None:
+        q_length, q_offset = positions.shape[0], int(positions[0])
     plain = (
         attention_mask is None
         and q_length == kv_length
-        and isinstance(q_offset, int)
-        and isinstance(kv_offset, int)
-        and q_offset == kv_offset == 0
+        and all(isinstance(o, int) and o == 0 for o in (q_offset, kv_offset))
     )
     if plain:
         return None
     mask: torch.Tensor | None = sdpa_mask(
-        batch_size=batch_size,
-        q_length=q_length,
-        kv_length=kv_length,
-        q_offset=q_offset,
-        kv_offset=kv_offset,
-        attention_mask=attention_mask,
-        **kwargs,
+        kv_length=kv_length, kv_offset=kv_offset, attention_mask=attention_mask, **kwargs
     )
     return mask
 
