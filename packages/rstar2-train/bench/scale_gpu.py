@@ -36,15 +36,16 @@ line goes to stderr as each row starts and ends; results go to stdout (a table) 
 ``--json``. ``--budget-s`` caps the whole run (a row gets at most what is left; rows that no
 longer fit are recorded as not run); ``--cap ROW=SECONDS`` changes one row's cap.
 
-    python packages/rstar2-train/bench/scale_gpu.py --json gpu.json    # 0.6B and 4B, ~7.5 min
+    python packages/rstar2-train/bench/scale_gpu.py --json gpu.json    # 0.6B and 4B, <= 440 s
     python packages/rstar2-train/bench/scale_gpu.py --only 4b/naive 4b/rstar2
     python packages/rstar2-train/bench/scale_gpu.py --tiny             # CPU smoke run (tests)
 
-On a GPU machine whose Python has torch, transformers, aiohttp, typer, pyyaml and rich but not
-the rest (nothing here imports ray, vllm, datasets, math-verify or redis): build the wheels in a
-checkout with ``uv build --all-packages --out-dir dist``, download pydantic's wheels for that
-machine (``pip download pydantic --only-binary=:all: --python-version 3.X -d dist``), copy
-``dist/`` and this script there, then ``pip install --no-deps dist/*.whl`` and run the script.
+On a GPU machine whose Python has torch, transformers, aiohttp, typer, pyyaml and rich and no
+package index (nothing here imports ray, vllm, datasets, math-verify or redis): in a checkout,
+``uv build --all-packages --out-dir dist`` and ``pip download --only-binary=:all: --dest dist
+pydantic prometheus-client`` (with the GPU machine's ``--python-version``/``--platform``); copy
+``dist/`` and this ``bench/`` folder there, ``pip install --no-deps dist/*.whl``, and run
+``python bench/scale_gpu.py``.
 """
 
 from __future__ import annotations

@@ -182,6 +182,28 @@ def test_a_stage_in_this_process_applies_its_plan(monkeypatch: pytest.MonkeyPatc
         plan_stage_memory(config)
 
 
+def test_an_rl_stage_sharing_prompts_cannot_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    init = json.dumps({**bench_shapes()["4b"], "vocab_size": 151936})
+    overrides = [
+        "model.path=null",
+        f"model.init={{config: {init}}}",
+        "tokenizer.path=a-tokenizer",
+        "model.device=cuda",
+        "model.dtype=bfloat16",
+        "rl.micro_batch_tokens=16384",
+    ]
+    config = load_config("tiny-rl", overrides)
+    assert config.rl is not None
+    assert config.rl.shared_prefix
+    _on_a_gpu(monkeypatch, 50 * GIB)
+    with pytest.raises(MemoryPlanError, match=r"\(with rl\.shared_prefix=false\)"):
+        plan_stage_memory(config)
+    unshared = load_config("tiny-rl", [*overrides, "rl.shared_prefix=false"])
+    planned, found = plan_stage_memory(unshared)
+    assert found is not None
+    assert planned.model.gradient_checkpointing
+
+
 def test_stages_off_cuda_or_with_planning_off_are_left_alone() -> None:
     config = load_config("tiny-sft")
     assert plan_stage_memory(config) == (config, None)  # on the CPU

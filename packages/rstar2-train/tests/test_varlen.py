@@ -131,6 +131,11 @@ def test_packed_rows_under_varlen_attention_match_padded_rows_under_sdpa(
         return sdpa_document_kernel(*args)
 
     monkeypatch.setattr(varlen, "sdpa_document_kernel", counted)
+
+    def not_derived(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+        raise AssertionError("the packer's offsets reach every layer: nothing to derive")
+
+    monkeypatch.setattr(varlen, "offsets_from_position_ids", not_derived)
     lengths = [12, 7, 19, 3, 25, 9]
     packed = _logprobs_and_grads(VARLEN_ATTENTION, True, lengths)
     assert calls
