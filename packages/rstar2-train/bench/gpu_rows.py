@@ -119,8 +119,8 @@ def sequences(count: int, length: int, vocab: int) -> list[TokenSequence]:
 
 
 def timed_steps(step: Callable[[], None], args: argparse.Namespace, events: Events) -> dict:
-    """The first step (timed alone: it includes any compilation), then ``warmup`` untimed and
-    ``steps`` timed steps."""
+    """``warmup`` steps (at least one: the first, timed alone, as it includes any compilation),
+    then ``steps`` timed steps."""
     sync()
     started = time.perf_counter()
     events.progress("first step started")
@@ -128,7 +128,7 @@ def timed_steps(step: Callable[[], None], args: argparse.Namespace, events: Even
     sync()
     first = time.perf_counter() - started
     events.progress("first step done")
-    for _ in range(args.warmup):
+    for _ in range(args.warmup - 1):
         step()
     times = []
     for _ in range(args.steps):

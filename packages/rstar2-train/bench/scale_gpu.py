@@ -26,8 +26,9 @@ compile for minutes last):
 
 Each update row reports time to first step (from the row's start: model build, rank set-up,
 the first update with any compilation) beside its steady tokens/s (mean of ``--steps`` steps
-after ``--warmup``), peak memory, the memory plan's estimate and MFU (6 x parameters x tokens/s
-over the GPU's dense bf16 peak); rstar2 rows also as ratios to their shape's baseline.
+after the ``--warmup`` steps), peak memory, the memory plan's estimate and MFU (6 x parameters
+x tokens/s over the GPU's dense bf16 peak); rstar2 rows also as ratios to their shape's
+baseline.
 
 A row runs in a process of its own (forked from a server that has imported torch once), so it
 starts with the GPU's memory to itself and a stall, an OOM or a crash ends that row only: it is
@@ -262,7 +263,12 @@ def main() -> None:
         default=None,
         help="Sequences per naive micro-batch (default: by shape and GPU memory).",
     )
-    parser.add_argument("--warmup", type=int, default=1, help="Untimed steps after the first.")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="Steps before the timed ones (at least 1: the first, timed on its own).",
+    )
     parser.add_argument("--steps", type=int, default=3, help="Timed update steps.")
     parser.add_argument("--requests", type=int, default=256, help="Generation requests.")
     parser.add_argument("--prompt", type=int, default=256, help="Prompt tokens per request.")
@@ -276,11 +282,13 @@ def main() -> None:
     )
     parser.add_argument("--json", default=None, help="Also write the results here.")
     args = parser.parse_args()
+    if args.warmup < 1:
+        parser.error("--warmup: at least 1 (the first step is timed on its own)")
     if args.tiny:
         args.shapes = ["tiny"]
         args.sequences, args.length, args.micro_batch_tokens = 8, 64, 256
         args.requests, args.prompt, args.new_tokens = 4, 8, 8
-        args.warmup, args.steps = 0, 1
+        args.warmup, args.steps = 1, 1
     # Rows fork from a server process that never touches CUDA, so this process may.
     on_gpu = torch.cuda.is_available()
     rows = default_rows(args.shapes, on_gpu=on_gpu)

@@ -125,7 +125,7 @@ class FirstStepClock:
             self.model_build_s,
             f"{figures['startup/first_update_s']:.1f} s"
             if "startup/first_update_s" in figures
-            else "on the trainer ranks (see their log)",
+            else "not in this process (trainer ranks)",
             compile_s,
         )
         return figures

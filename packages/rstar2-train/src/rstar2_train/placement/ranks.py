@@ -160,18 +160,23 @@ class TrainerRank:
         return self.model
 
     def _plan_memory(self, batches: Sequence[MicroBatch]) -> None:
-        """Before the first pass over micro-batches this large: the memory plan for them on this
-        rank's GPU (``rstar2_train.memory``), turning activation checkpointing on when they
+        """Before the first pass over micro-batches this large: the memory plan for them on the
+        ranks' GPUs (``rstar2_train.memory``), turning activation checkpointing on when they
         would not fit without it; ``MemoryPlanError`` when nothing fits. Micro-batches are
-        built by the driver, so here the plan cannot shrink them."""
+        built by the driver, so here the plan cannot shrink them. A collective: every rank
+        plans with the smallest budget of any, so all decide alike."""
         tokens = max(
             b.input_ids.numel() + (0 if b.prefix_ids is None else b.prefix_ids.numel())
             for b in batches
         )
+        if tokens <= self.planned_tokens or not self.memory.plan:
+            return
         found = device_memory(self.device, self.memory.usable_fraction)
-        if tokens <= self.planned_tokens or not self.memory.plan or found is None:
+        if found is None:
             return
         self.planned_tokens = tokens
+        least = torch.tensor([found[0]], dtype=torch.int64, device=self.device)
+        dist.all_reduce(least, op=dist.ReduceOp.MIN)
         model = self._model()
         checkpointing = bool(model.is_gradient_checkpointing)
         shared_prefix = any(b.prefix_ids is not None for b in batches)
@@ -184,7 +189,7 @@ class TrainerRank:
                 tokens=tokens,
                 checkpointing=checkpointing,
             ),
-            budget=found[0],
+            budget=int(least.item()),
             min_micro_batch_tokens=self.memory.min_micro_batch_tokens,
             can_shrink=False,
             can_checkpoint=not shared_prefix,
