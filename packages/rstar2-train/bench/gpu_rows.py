@@ -95,9 +95,11 @@ def peak_gib() -> float | None:
     return torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() else None
 
 
-def build(shape: str, attention: str, dtype: torch.dtype) -> Qwen3ForCausalLM:
+def build(shape: str, attention: str, dtype: torch.dtype | None = None) -> Qwen3ForCausalLM:
     """Random weights of ``shape``, created on the device (a 4B model initialised on a CPU
-    takes minutes)."""
+    takes minutes), in ``dtype`` (default: bf16 on a GPU, float32 on a CPU)."""
+    if dtype is None:
+        dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     config = Qwen3Config(**SHAPES[shape])
     config._attn_implementation = attention
     torch.manual_seed(0)
@@ -203,6 +205,30 @@ def measure_naive(row: Row, args: argparse.Namespace, events: Events) -> dict[st
     )
 
 
+def single_rank(model: Qwen3ForCausalLM, *, checkpointing: bool) -> TrainerRank:
+    """``model`` sharded by one FSDP2 rank: over NCCL with bf16 mixed precision (float32 master
+    weights) on a GPU, over gloo in float32 on a CPU."""
+    on_gpu = torch.cuda.is_available()
+    rank = TrainerRank(0, threads=min(8, os.cpu_count() or 1))
+    rank.setup(
+        RankSetup(
+            world=1,
+            master_addr="127.0.0.1",
+            master_port=free_port(),
+            backend="nccl" if on_gpu else "gloo",
+            fsdp=FSDPConfig(
+                param_dtype="bfloat16" if on_gpu else None,
+                activation_checkpointing=checkpointing,
+            ),
+            optimizer=OptimizerConfig(lr=1e-6),
+            schedule=ScheduleConfig(),
+            total_steps=100,
+        ),
+        model,
+    )
+    return rank
+
+
 def loss_fn(total_tokens: int) -> Any:
     def loss(index: int, batch: MicroBatch, logprobs: torch.Tensor) -> tuple[torch.Tensor, dict]:
         return -(logprobs * batch.mask).sum() / total_tokens, {}
@@ -245,30 +271,15 @@ def planned(row: Row, args: argparse.Namespace, model: Qwen3ForCausalLM) -> dict
 
 def measure_rstar2(row: Row, args: argparse.Namespace, events: Events) -> dict[str, Any]:
     """One TrainerRank (FSDP2 over NCCL on a GPU, gloo on a CPU)."""
-    on_gpu = torch.cuda.is_available()
-    attention = choose_attention(row.attention, on_gpu=on_gpu, packed=row.packing)
-    model = build(row.shape, attention.name, torch.bfloat16 if on_gpu else torch.float32)
+    attention = choose_attention(
+        row.attention, on_gpu=torch.cuda.is_available(), packed=row.packing
+    )
+    model = build(row.shape, attention.name)
     parameters = sum(p.numel() for p in model.parameters())  # the tied head counted once
     plan = planned(row, args, model)
     built = events.elapsed()
     events.progress("model built")
-    rank = TrainerRank(0, threads=min(8, os.cpu_count() or 1))
-    rank.setup(
-        RankSetup(
-            world=1,
-            master_addr="127.0.0.1",
-            master_port=free_port(),
-            backend="nccl" if on_gpu else "gloo",
-            fsdp=FSDPConfig(
-                param_dtype="bfloat16" if on_gpu else None,
-                activation_checkpointing=plan["activation_checkpointing"],
-            ),
-            optimizer=OptimizerConfig(lr=1e-6),
-            schedule=ScheduleConfig(),
-            total_steps=100,
-        ),
-        model,
-    )
+    rank = single_rank(model, checkpointing=plan["activation_checkpointing"])
     setup_s = events.elapsed() - built
     events.progress("rank set up")
     try:
@@ -321,7 +332,7 @@ def prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
 
 
 def generation_model(shape: str) -> Qwen3ForCausalLM:
-    model = build(shape, "sdpa", torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+    model = build(shape, "sdpa")
     model.requires_grad_(False)
     model.eval()
     return model
@@ -431,22 +442,7 @@ def measure_engine(row: Row, args: argparse.Namespace, events: Events) -> dict[s
 def measure_weight_sync(row: Row, args: argparse.Namespace, events: Events) -> dict[str, Any]:
     """The trainer side (the rank's full-weight gather) and the engine side
     (``update_weights``) of one weight sync."""
-    on_gpu = torch.cuda.is_available()
-    model = build(row.shape, "sdpa", torch.bfloat16 if on_gpu else torch.float32)
-    rank = TrainerRank(0, threads=min(8, os.cpu_count() or 1))
-    rank.setup(
-        RankSetup(
-            world=1,
-            master_addr="127.0.0.1",
-            master_port=free_port(),
-            backend="nccl" if on_gpu else "gloo",
-            fsdp=FSDPConfig(param_dtype="bfloat16" if on_gpu else None),
-            optimizer=OptimizerConfig(lr=1e-6),
-            schedule=ScheduleConfig(),
-            total_steps=1,
-        ),
-        model,
-    )
+    rank = single_rank(build(row.shape, "sdpa"), checkpointing=False)
     try:
         events.progress("rank set up")
         sync()

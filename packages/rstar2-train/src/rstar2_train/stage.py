@@ -58,6 +58,15 @@ class StageRun:
         reporter: Reporter | None = None,
     ) -> None:
         self.clock = FirstStepClock()
+        try:
+            self._prepare(config, resume=resume, allow_changes=allow_changes, reporter=reporter)
+        except BaseException:
+            self.clock.close()
+            raise
+
+    def _prepare(
+        self, config: StageConfig, *, resume: bool, allow_changes: bool, reporter: Reporter | None
+    ) -> None:
         self.dir = RunDir(config.output_dir)
         self.dir.prepare(config, resume=resume, allow_changes=allow_changes)
         # The config as given stays the run's identity (resume and the demo compare it); what
