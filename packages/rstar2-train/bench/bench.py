@@ -62,9 +62,10 @@ def _load() -> str:
 
 def measure(
     prepared: Prepared, runs: list[RunSpec], *, rounds: int, steps: int, warmup: int, work: Path
-) -> dict[str, list[StepRecord]]:
-    """Every setting once per round for ``rounds`` rounds; its measured steps, by label."""
-    measured: dict[str, list[StepRecord]] = {spec.label: [] for spec in runs}
+) -> dict[str, list[list[StepRecord]]]:
+    """Every setting once per round for ``rounds`` rounds; its measured steps of each round,
+    by label."""
+    measured: dict[str, list[list[StepRecord]]] = {spec.label: [] for spec in runs}
     for round_ in range(rounds):
         for spec in runs if round_ % 2 == 0 else runs[::-1]:
             logging.info(
@@ -79,7 +80,7 @@ def measure(
             records = RUNNERS[spec.framework](prepared, spec, steps=steps, out_dir=folder)
             if len(records) != steps:
                 raise RuntimeError(f"{spec.label} ran {len(records)} steps, expected {steps}")
-            measured[spec.label].extend(records[warmup:])
+            measured[spec.label].append(records[warmup:])
             logging.info("%s: %s s/step", spec.label, " ".join(f"{r.seconds:.2f}" for r in records))
     return measured
 
@@ -89,6 +90,7 @@ def summary(records: list[StepRecord]) -> dict[str, float]:
     out = {
         "steps": float(len(seconds)),
         "mean_s": statistics.fmean(seconds),
+        "median_s": statistics.median(seconds),
         "stdev_s": statistics.stdev(seconds) if len(seconds) > 1 else 0.0,
         "min_s": min(seconds),
         "max_s": max(seconds),
@@ -103,10 +105,30 @@ def summary(records: list[StepRecord]) -> dict[str, float]:
     return out
 
 
-def arm_figures(arm: Arm, runs: dict[str, dict[str, float]]) -> dict[str, float]:
-    """One arm's two sides from the summaries of their settings, and the ratio."""
+def _mean_s(records: list[StepRecord]) -> float:
+    return statistics.fmean(r.seconds for r in records)
+
+
+def arm_figures(
+    arm: Arm, runs: dict[str, dict[str, float]], rounds: dict[str, list[list[StepRecord]]]
+) -> dict[str, Any]:
+    """One arm's two sides from the summaries of their settings, and the ratios.
+
+    Besides the ratio of the means, each round's ratio: the two runs of a round ran minutes
+    apart at most, so the median of these is the figure least moved by load that drifts.
+    """
     rstar2, trl = runs[arm.rstar2.label], runs[arm.trl.label]
-    figures = {"trl_over_rstar2": trl["mean_s"] / rstar2["mean_s"]}
+    paired = [
+        _mean_s(trl_round) / _mean_s(rstar2_round)
+        for rstar2_round, trl_round in zip(
+            rounds[arm.rstar2.label], rounds[arm.trl.label], strict=True
+        )
+    ]
+    figures: dict[str, Any] = {
+        "trl_over_rstar2": trl["mean_s"] / rstar2["mean_s"],
+        "round_ratios": paired,
+        "round_ratio_median": statistics.median(paired),
+    }
     for side, values in (("rstar2", rstar2), ("trl", trl)):
         for key in ("mean_s", "trained_rollouts_mean", "trained_tokens_mean"):
             figures[f"{side}_{key}"] = values[key]
@@ -121,21 +143,23 @@ def _span(values: list[float], digits: int) -> str:
 
 
 def arms_table(arms: list[Arm], passes: list[dict[str, Any]]) -> str:
-    """The arms as a Markdown table; each cell is the range over the passes."""
+    """The arms as a Markdown table (means over the measured steps); each cell is the range
+    over the passes."""
     lines = [
-        "| arm | rstar2 s/step | TRL s/step | TRL / rstar2 | rstar2 trained rollouts, tokens "
-        "/ step | TRL trained rollouts, tokens / step |",
-        "|---|---|---|---|---|---|",
+        "| arm | rstar2 s/step | TRL s/step | TRL / rstar2 | TRL / rstar2, median of rounds "
+        "| rstar2 trained rollouts, tokens / step | TRL trained rollouts, tokens / step |",
+        "|---|---|---|---|---|---|---|",
     ]
     for arm in arms:
         figures = [result["arms"][arm.name] for result in passes]
 
-        def cell(key: str, digits: int, figures: list[dict[str, float]] = figures) -> str:
+        def cell(key: str, digits: int, figures: list[dict[str, Any]] = figures) -> str:
             return _span([f[key] for f in figures], digits)
 
         lines.append(
             f"| {arm.name} ({arm.rstar2.label} / {arm.trl.label}) | {cell('rstar2_mean_s', 3)} "
             f"| {cell('trl_mean_s', 3)} | {cell('trl_over_rstar2', 2)} "
+            f"| {cell('round_ratio_median', 2)} "
             f"| {cell('rstar2_trained_rollouts_mean', 1)}, {cell('rstar2_trained_tokens_mean', 0)} "
             f"| {cell('trl_trained_rollouts_mean', 1)}, {cell('trl_trained_tokens_mean', 0)} |"
         )
@@ -227,14 +251,17 @@ def main() -> None:
                 warmup=args.warmup,
                 work=work / f"pass-{pass_}",
             )
-            summaries = {label: summary(records) for label, records in measured.items()}
+            summaries = {
+                label: summary([r for round_ in records for r in round_])
+                for label, records in measured.items()
+            }
             passes.append(
                 {
                     "load_before": load_before,
                     "load_after": _load(),
                     "wall_s": time.perf_counter() - pass_started,
                     "runs": summaries,
-                    "arms": {arm.name: arm_figures(arm, summaries) for arm in arms},
+                    "arms": {arm.name: arm_figures(arm, summaries, measured) for arm in arms},
                 }
             )
     result = {
@@ -256,7 +283,8 @@ def main() -> None:
         for label, run in figures["runs"].items():
             print(
                 f"{label:>26}: {run['mean_s']:.3f} ± {run['stdev_s']:.3f} s/step "
-                f"(min {run['min_s']:.3f}, max {run['max_s']:.3f}, n={int(run['steps'])}); "
+                f"(median {run['median_s']:.3f}, min {run['min_s']:.3f}, max {run['max_s']:.3f}, "
+                f"n={int(run['steps'])}); "
                 f"trains {run['trained_rollouts_mean']:.1f} rollouts, "
                 f"{run['trained_tokens_mean']:.0f} tokens / step; reward {run['reward_mean']:.2f}"
             )

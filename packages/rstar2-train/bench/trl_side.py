@@ -7,7 +7,9 @@ rstar2-eval's grader on the completion, 0 when the completion ran out of budget,
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -187,7 +189,9 @@ def run_trl(prepared: Prepared, spec: RunSpec, *, steps: int, out_dir: Path) -> 
     )
     try:
         started = time.perf_counter()
-        trainer.train()
+        # Trainer prints its logs when its progress bar is off: keep stdout for the results.
+        with contextlib.redirect_stdout(sys.stderr):
+            trainer.train()
     finally:
         grader.close()
     if not len(clock.stamps) == len(generating) == len(batches):
