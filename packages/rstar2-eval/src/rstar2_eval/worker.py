@@ -23,11 +23,12 @@ Verifier = Callable[[str, str], bool]
 """``(answer, gold) -> equal``: a module-level function importable by name (workers import it
 with its module) and callable on every ``WARM_UP_ITEMS`` pair without raising."""
 
-WARM_UP_ITEMS = (("1/2", "\\frac{1}{2}"), ("2x", "1"))
-"""What a worker verifies before it takes work. The second pair takes math-verify's symbolic path
-(letters parsed as symbols, then ``sympy.simplify``), whose first call imports sympy modules
-(``sympy.physics.units``, ``sympy.combinatorics``) and builds parser paths: 0.5 s on a loaded
-2-core machine, which would otherwise land on the first such answer a fresh worker grades."""
+WARM_UP_ITEMS = (("1/2", "\\frac{1}{2}"), ("12ab34", "1234"))
+"""What a worker verifies before it takes work. The second pair, letters inside an integer
+against an integer (a common garbled answer), takes math-verify's symbolic path: the letters
+parse as a product of symbols and ``sympy.simplify`` runs, whose first call in a process imports
+sympy modules (``sympy.physics.units``, ``sympy.combinatorics``). Without it the first such
+answer a fresh worker grades pays that: about 0.5 s on a loaded 2-core machine."""
 
 VerifyStatus = Literal["correct", "incorrect", "timeout", "ungradable"]
 """What a worker reports for one item."""
