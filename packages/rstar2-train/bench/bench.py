@@ -18,7 +18,7 @@ TRL must be installed (the root ``bench`` dependency group: ``uv sync --group be
 
     python packages/rstar2-train/bench/bench.py             # equal and as-is, 3 rounds of 4 steps
     python packages/rstar2-train/bench/bench.py --arms as-is equal@1 equal@2 all-groups@1 \\
-        --rounds 6 --passes 2 --json out.json
+        unshared@1 --rounds 6 --passes 2 --json out.json  # the README's table
 """
 
 from __future__ import annotations
