@@ -129,6 +129,15 @@ def test_score_finds_relative_inputs_from_another_folder(
     args += [*SETTINGS, "--limit", "1", "--out", "evals/demo", "--no-progress"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
+    # Results on stdout (the table, where they were written); logs on stderr, one line each.
+    assert "rstar2-eval run: " in result.stdout
+    assert "rstar2-eval run: " not in result.stderr
+    assert "wrote evals/demo" in result.stdout.splitlines()
+    assert " INFO " not in result.stdout
+    assert any(
+        " INFO evaluating " in line and line.endswith("the checkpoint's chat template")
+        for line in result.stderr.splitlines()
+    ), result.stderr
     recorded = json.loads(Path("evals/demo/run.json").read_text())
     assert recorded["spec"]["problem_sets"][0]["source"]["path"] == str(started / "data" / "demo")
     # ...and scored, or resumed, from anywhere else.
