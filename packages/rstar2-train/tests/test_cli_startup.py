@@ -81,7 +81,11 @@ BAD_INPUTS = {
         (["stage", "tiny-rl", "--set", "rl.steps=abc"], 2, "rl.steps: Input should be a valid"),
         (["stage", "broken.yaml"], 2, "broken.yaml: not valid YAML: line 3"),
         (["stage", "tiny-rl", "--set", "rl.steps"], 2, "--set 'rl.steps': expected KEY.PATH"),
-        (["stage", "tiny-sft", "--set", "rl.steps=3"], 2, "rl.steps: tiny-sft is an SFT stage"),
+        (
+            ["stage", "tiny-sft", "--set", "rl.steps=3"],
+            2,
+            "tiny-sft: rl.steps: not settings of an SFT",
+        ),
         (["show", "tiny-rl"], 0, "name: tiny-rl"),
     ],
     "rstar2_eval": [
