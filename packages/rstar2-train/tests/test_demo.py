@@ -76,7 +76,8 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     # Without a terminal, progress is a line per few steps with steps done, elapsed and ETA.
     progress = [line for line in stderr.splitlines() if " INFO sft demo-sft: " in line]
     assert [line.split(": ", 1)[1].split(" steps")[0] for line in progress][-1] == "6/6"
-    assert ", elapsed 0:" in progress[-1] and ", eta 0:00:00 | step 6  loss " in progress[-1]
+    assert ", elapsed 0:" in progress[-1]
+    assert ", eta 0:00:00 | step 6  loss " in progress[-1]
     # samples.md shows each rollout under its problem and gold answer.
     heldout = {p.id: p for p in load_built(out / "data" / "demo-heldout")}
     samples = (out / "samples.md").read_text()
