@@ -151,7 +151,9 @@ def _check_kind_sections(name: str, data: Mapping[str, Any]) -> None:
     """Settings of the other kind's section (``rl.*`` on an SFT stage), named key by key
     (validating them would report the section's required fields instead)."""
     kind = data.get("kind")
-    other = {"sft": "rl", "rl": "sft"}.get(kind) if isinstance(kind, str) else None
+    if not isinstance(kind, str):
+        return
+    other = {"sft": "rl", "rl": "sft"}.get(kind)
     if other is None or data.get(other) is None:
         return
     keys = _leaf_keys(data[other], other)
