@@ -4,10 +4,9 @@ rstar2 command line, of every README (the root's, each package's) and of docs/*.
 Each block runs on its own, in a fresh namespace (Python) or a fresh ``bash -euo pipefail``
 (``uv run X`` runs X from this environment), in an empty working directory, and must print its
 result on stdout. A block that names ``runs/demo`` finds there a copy of what
-``rstar2-train demo --quick`` wrote, made once per session from another directory (so a path the
-demo recorded relative to where it ran would break the example). A block that cannot run here
-(it needs a GPU, the model hub, a running service, several machines, or minutes of benchmark, or
-it is a fragment of a larger program) starts with the marker comment
+``rstar2-train demo --quick`` wrote, made once per session (about a minute). A block that cannot
+run here (it needs a GPU, the model hub, a running service, several machines, or minutes of
+benchmark, or it is a fragment of a larger program) starts with the marker comment
 
     # not run by the docs tests: REASON
 
