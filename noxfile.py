@@ -53,9 +53,11 @@ def tests(session: nox.Session, package: str) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """The documentation's code: every Python block of the READMEs and docs/ runs (blocks marked
-    ``# not run by the docs tests: REASON`` are skipped with that reason), and every rstar2
-    command and option a bash block names exists."""
+    """The documentation's code: every Python block of the READMEs and docs/, and every bash
+    block that calls an rstar2 command line, runs and prints its result, on a copy of the
+    ``runs/demo`` that one ``rstar2-train demo --quick`` makes per session (blocks marked
+    ``# not run by the docs tests: REASON`` are skipped with that reason); every rstar2 command
+    and option a bash block names exists."""
     sync(session, "--all-packages", "--extra", "test")
     session.run("pytest", "tests/docs", "-rs", *session.posargs)
 

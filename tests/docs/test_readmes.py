@@ -1,23 +1,30 @@
-"""The documentation's code runs: every ```python block of every README (the root's, each
-package's) and of docs/*.md, and every rstar2 command with its options named in a ```bash block.
+"""The documentation's code runs: every ```python block and every ```bash block that calls an
+rstar2 command line, of every README (the root's, each package's) and of docs/*.md.
 
-A Python block runs on its own, in a fresh namespace and an empty working directory. A block that
-cannot run here (it needs a GPU, a checkpoint, a running service, or it is a fragment of a larger
-program) starts with the marker comment
+Each block runs on its own, in a fresh namespace (Python) or a fresh ``bash -euo pipefail``
+(``uv run X`` runs X from this environment), in an empty working directory, and must print its
+result on stdout. A block that names ``runs/demo`` finds there a copy of what
+``rstar2-train demo --quick`` wrote, made once per session (about a minute). A block that cannot
+run here (it needs a GPU, the model hub, a running service, several machines, or minutes of
+benchmark, or it is a fragment of a larger program) starts with the marker comment
 
     # not run by the docs tests: REASON
 
-and is reported as skipped with that reason; it is still compiled, so its syntax is checked.
-Bash blocks do not run: each line that calls an rstar2 command line is checked against that
-command's ``--help``, so a renamed command or option fails here.
+and is reported as skipped with that reason; a Python one is still compiled, so its syntax is
+checked. Every rstar2 command with its options named in any bash block, run or not, is checked
+against that command's ``--help``, so a renamed command or option fails here.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +45,12 @@ TOOLS = {
     "rstar2-train": "rstar2_train",
 }
 SEPARATORS = {"|", "||", "&&", ";", "&"}
+# The session's environment: its command lines, as `uv run` would find them in a checkout.
+BIN = Path(sys.executable).parent
+# `uv run X` in a block runs X from this environment (no project lookup from a temporary folder).
+BASH_PREAMBLE = 'uv() { if [ "$1" = run ]; then shift; "$@"; else command uv "$@"; fi; }\n'
+DEMO_TIMEOUT_S = 1800
+BLOCK_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
@@ -82,18 +95,56 @@ def test_every_document_is_found() -> None:
     assert BASH
 
 
+@pytest.fixture(scope="session")
+def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``runs`` folder of ``rstar2-train demo --quick``, run once per session as a user
+    would, from its own folder with the default ``--out runs/demo``."""
+    home = tmp_path_factory.mktemp("demo-home")
+    log = home / "demo.log"
+    with log.open("w") as sink:
+        done = subprocess.run(
+            [str(BIN / "rstar2-train"), "demo", "--quick"],
+            cwd=home,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            timeout=DEMO_TIMEOUT_S,
+            check=False,
+        )
+    assert done.returncode == 0, f"rstar2-train demo --quick failed:\n{log.read_text()[-4000:]}"
+    return home / "runs"
+
+
+def _workdir(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """An empty folder for the block, holding a copy of the demo's output if the block uses it."""
+    if "runs/demo" in block.code:
+        demo: Path = request.getfixturevalue("demo_runs")
+        shutil.copytree(demo, tmp_path / "runs")
+
+
+def _skip_if_marked(block: Block) -> None:
+    skip = SKIP.match(block.code.splitlines()[0])
+    if skip is not None:
+        pytest.skip(f"{block}: {skip['reason']}")
+
+
 @pytest.mark.parametrize("block", PYTHON, ids=str)
-def test_python_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_python_block_runs(
+    block: Block,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
+) -> None:
     # Padded so that a traceback's line numbers are the document's.
     source = "\n" * (block.line - 1) + block.code
     compiled = compile(
         source, str(block.document), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True
     )
-    skip = SKIP.match(block.code.splitlines()[0])
-    if skip is not None:
-        pytest.skip(f"{block}: {skip['reason']}")
+    _skip_if_marked(block)
+    _workdir(block, tmp_path, request)
     monkeypatch.chdir(tmp_path)
     exec(compiled, {"__name__": "__main__"})
+    assert capsys.readouterr().out.strip(), f"{block} printed nothing: an example shows its result"
 
 
 def commands(block: Block) -> list[list[str]]:
@@ -118,6 +169,7 @@ def commands(block: Block) -> list[list[str]]:
 
 
 COMMANDS = [(block, words) for block in BASH for words in commands(block)]
+RUNNABLE_BASH = [block for block in BASH if commands(block)]
 
 
 def test_bash_blocks_name_rstar2_commands() -> None:
@@ -138,3 +190,40 @@ def test_bash_command_and_options_exist(block: Block, words: list[str]) -> None:
         option = word.split("=", 1)[0]
         if option.startswith("--"):
             assert option in known, f"{block}: {words[0]} {name or ''} has no option {option}"
+
+
+@pytest.mark.parametrize("block", RUNNABLE_BASH, ids=str)
+def test_bash_block_runs(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    _skip_if_marked(block)
+    _workdir(block, tmp_path, request)
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", BASH_PREAMBLE + block.code],
+        cwd=tmp_path,
+        env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
+        capture_output=True,
+        text=True,
+        timeout=BLOCK_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, (
+        f"{block} exited with {done.returncode}\nstdout:\n{done.stdout[-3000:]}\n"
+        f"stderr:\n{done.stderr[-3000:]}"
+    )
+    assert done.stdout.strip(), f"{block} printed nothing on stdout: an example shows its result"
+
+
+def test_the_demo_output_is_not_tracked_by_git() -> None:
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", "runs/demo/summary.json"], cwd=ROOT, check=False
+    )
+    assert ignored.returncode == 0, "runs/ (where the demo writes) is not in .gitignore"
+
+
+def test_the_setup_says_how_to_get_uv_and_how_much_disk_it_takes() -> None:
+    setup = (ROOT / "README.md").read_text(encoding="utf-8").split("## Set up and test", 1)[1]
+    setup = " ".join(setup.split("\n## ", 1)[0].split())
+    assert "astral.sh/uv/install.sh" in setup
+    assert "uv cache dir" in setup
+    assert re.search(r"\d+(\.\d+)? GB", setup)

@@ -3,6 +3,7 @@ progress, and row numbers in messages."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -128,15 +129,21 @@ def test_sigint_mid_filter_then_rerun_writes_identical_bytes(tmp_path: Path) -> 
         [*command, "--out", str(tmp_path / "ref")], capture_output=True, text=True, check=True
     )
     assert "wrote" in reference.stdout
-    out = ["--out", str(tmp_path / "out"), "--checkpoint-rows", "2000", "-v"]
+    out = ["--out", str(tmp_path / "out"), "--checkpoint-rows", "200", "-v"]
     env = {**os.environ, "COLUMNS": "200"}
-    process = subprocess.Popen([*command, *out], stderr=subprocess.PIPE, text=True, env=env)
-    assert process.stderr is not None
-    for line in process.stderr:  # the first checkpoint of the filter stage, then Ctrl-C
-        if "checkpoint at row" in line:
-            process.send_signal(signal.SIGINT)
-            break
-    rest = process.stderr.read()
+    # A one-page pipe: the build blocks on its log lines (a checkpoint line every 200 rows, far
+    # more than two pages in all) until they are read, so it cannot finish before the Ctrl-C
+    # however slowly this process is scheduled.
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    process = subprocess.Popen([*command, *out], stderr=write_end, env=env)
+    os.close(write_end)
+    with open(read_end, encoding="utf-8") as stderr:
+        for line in stderr:  # the first checkpoint of the filter stage, then Ctrl-C
+            if "checkpoint at row" in line:
+                process.send_signal(signal.SIGINT)
+                break
+        rest = stderr.read()
     assert process.wait(timeout=120) == 130, rest
     assert "run the same command again to resume" in rest
     rerun = subprocess.run([*command, *out], capture_output=True, text=True, env=env, check=True)

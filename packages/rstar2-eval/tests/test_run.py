@@ -118,6 +118,37 @@ def test_score_reproduces_the_run_report(reference: Path, tmp_path: Path) -> Non
     assert rescored == json.loads((reference / "generations.report.json").read_text())
 
 
+def test_score_finds_relative_inputs_from_another_folder(
+    checkpoint: Path, demo_set: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As a user runs it: relative paths from the folder the run started in...
+    started = tmp_path / "project"
+    shutil.copytree(demo_set, started / "data" / "demo")
+    monkeypatch.chdir(started)
+    args = ["run", "--model", str(checkpoint), "--benchmarks", "demo=data/demo"]
+    args += [*SETTINGS, "--limit", "1", "--out", "evals/demo", "--no-progress"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    # Results on stdout (the table, where they were written); logs on stderr, one line each.
+    assert "rstar2-eval run: " in result.stdout
+    assert "rstar2-eval run: " not in result.stderr
+    assert "wrote evals/demo" in result.stdout.splitlines()
+    assert " INFO " not in result.stdout
+    assert any(
+        " INFO evaluating " in line and line.endswith("the checkpoint's chat template")
+        for line in result.stderr.splitlines()
+    ), result.stderr
+    recorded = json.loads(Path("evals/demo/run.json").read_text())
+    assert recorded["spec"]["problem_sets"][0]["source"]["path"] == str(started / "data" / "demo")
+    # ...and scored, or resumed, from anywhere else.
+    monkeypatch.chdir(tmp_path)
+    scored = CliRunner().invoke(app, ["score", "project/evals/demo/generations.jsonl"])
+    assert scored.exit_code == 0, scored.output
+    assert "demo" in scored.stdout
+    resumed = CliRunner().invoke(app, ["run", "--out", "project/evals/demo", "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+
+
 def test_run_again_resumes_without_generating(reference: Path, tmp_path: Path) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(reference, copy)

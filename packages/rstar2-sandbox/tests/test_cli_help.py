@@ -45,6 +45,7 @@ def test_bench_table_fits_80_columns_without_cutting_a_word(served: str) -> None
         app, ["bench", "--url", served, "--snippets", "trivial,stdlib", *options]
     )
     assert result.exit_code == 0, result.output
+    assert "snippet" in result.stdout  # the table is the result; progress goes to stderr
     lines = result.output.splitlines()
     assert max(len(line) for line in lines) <= 80
     assert "…" not in result.output

@@ -83,7 +83,8 @@ def test_null_clears_an_inherited_value(tmp_path: Path) -> None:
         (["optimizer.lr=fast"], "optimizer.lr: Input should be a valid number"),
         (["model.init.config.hidden_size=8"], "model: set exactly one of path, init"),
         (["rl.rollout.chat.system_prompt=x"], "rl.rollout.chat: set the top-level chat section"),
-        (["kind=sft"], "kind sft needs an sft section and no rl section"),
+        (["kind=sft"], "rl.steps, rl.prompts_per_step, rl.rollouts_per_prompt, rl.roc.strategy"),
+        (["kind=sft"], "not settings of an SFT stage (kind: sft); rl.* settings belong to kind rl"),
         (["rl.roc.strategy=best"], "rl.roc.strategy: Input should be 'sample', 'topk' or 'none'"),
     ],
 )
@@ -91,6 +92,24 @@ def test_bad_values_name_the_key_and_what_was_expected(overrides: list[str], exp
     with pytest.raises(ConfigError) as error:
         load_config("tiny-rl", overrides)
     assert expected in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "keys"),
+    [
+        ("tiny-sft", ["rl.steps=abc"], "rl.steps"),
+        ("tiny-sft", ["rl.steps=3", "rl.roc.keep=2"], "rl.steps, rl.roc.keep"),
+        ("tiny-rl", ["sft.max_steps=3"], "sft.max_steps"),
+    ],
+)
+def test_settings_of_the_other_kind_are_named_key_by_key(
+    config: str, overrides: list[str], keys: str
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(config, overrides)
+    kind = "SFT" if config == "tiny-sft" else "RL"
+    assert str(error.value).startswith(f"{config}: {keys}: not settings of an {kind} stage")
+    assert "Field required" not in str(error.value)
 
 
 def test_bad_files_and_overrides_say_what_is_wrong(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from rstar2_data import load_built
 from rstar2_train.cli import app
 from rstar2_train.config.loader import dump_config
 from rstar2_train.demo import DemoOptions, DemoPaths, DemoSummary
@@ -26,6 +27,13 @@ def _demo(out: Path) -> str:
     return result.output
 
 
+def _demo_streams(out: Path) -> tuple[str, str]:
+    """stdout and stderr of the demo as a user redirecting them sees them (no terminal)."""
+    result = runner.invoke(app, ["demo", "--quick", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return result.stdout, result.stderr
+
+
 def _lines(path: Path) -> list[str]:
     return [line for line in path.read_text().splitlines() if line.strip()]
 
@@ -33,7 +41,8 @@ def _lines(path: Path) -> list[str]:
 @pytest.mark.slow
 def test_quick_demo_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    output = _demo(out)
+    stdout, stderr = _demo_streams(out)
+    output = stdout
 
     for recipe in ("demo-sft", "demo", "demo-heldout"):
         assert (out / "data" / recipe / "manifest.json").is_file()
@@ -59,6 +68,25 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path: Path) -> None:
     for label in ("held-out accuracy", "tool-error ratio, correct rollouts", "format errors"):
         assert label in output
         assert label in (out / "summary.txt").read_text()
+    # The summary is the result, on stdout; logs and progress are on stderr, each line whole.
+    assert "held-out accuracy" not in stderr
+    assert f"summary: {out / 'summary.json'} and {out / 'summary.txt'}" in stdout.splitlines()
+    assert " INFO " not in stdout
+    assert any(line.endswith(f"INFO saved {out / 'sft' / 'final'}") for line in stderr.splitlines())
+    # Without a terminal, progress is a line per few steps with steps done, elapsed and ETA.
+    progress = [line for line in stderr.splitlines() if " INFO sft demo-sft: " in line]
+    assert [line.split(": ", 1)[1].split(" steps")[0] for line in progress][-1] == "6/6"
+    assert ", elapsed 0:" in progress[-1]
+    assert ", eta 0:00:00 | step 6  loss " in progress[-1]
+    # samples.md shows each rollout under its problem and gold answer.
+    heldout = {p.id: p for p in load_built(out / "data" / "demo-heldout")}
+    samples = (out / "samples.md").read_text()
+    sections = samples.split("\n## ")[1:]
+    assert sections
+    for section in sections:
+        problem_id = section.split(" sample ")[0].split("/", 1)[1]
+        assert f"- gold answer `{heldout[problem_id].answer}`;" in section
+        assert f"**Problem**\n\n{heldout[problem_id].problem}\n" in section
 
     # Interrupted: the RL stage lost its final weights (its checkpoints remain) and the RL
     # evaluation half of its samples. Finished stages are skipped; the rest resumes.

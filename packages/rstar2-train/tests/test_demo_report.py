@@ -138,7 +138,8 @@ def test_the_demo_stage_headers_fit_80_columns(tmp_path: Path) -> None:
     output = io.StringIO()
     runner = DemoRunner(
         DemoOptions(out=tmp_path / "a folder with a long name" / "demo"),
-        Console(width=80, file=output),
+        Console(width=80, file=output, force_terminal=True, color_system=None),
+        Console(file=io.StringIO()),
     )
     title = f"RL: demo-rl (GRPO-RoC) -> {runner.paths.rl}"
     runner._header(title)

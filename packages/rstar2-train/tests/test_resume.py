@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,6 +81,15 @@ def test_sft_stage_resumes_to_the_same_weights(demo_data: DemoData, tmp_path: Pa
         )
 
     run_and_kill(config("killed"), tmp_path, after_step=20)
-    run_stage(config("killed"), resume=True)
+    # Resumed from the command line, its output redirected as to files: the result (where the
+    # final weights are) on stdout; logs and progress lines on stderr, each line whole.
+    command = [sys.executable, "-m", "rstar2_train", "stage", str(tmp_path / "config.yaml")]
+    done = subprocess.run(
+        [*command, "--resume", "--log-every", "10"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"done: final weights in {tmp_path / 'killed' / 'final'}"]
+    progress = re.findall(r"^\S+ \S+ INFO sft \S+: (\d+/40) steps \(.*, eta ", done.stderr, re.M)
+    assert progress == ["30/40", "40/40"], done.stderr
     run_stage(config("whole"))
     assert_same(tmp_path / "killed", tmp_path / "whole")

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 
-LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-"""``token-mean``: sum over all loss tokens / their number (DAPO, the paper).
-``seq-mean-token-mean``: mean over sequences of each sequence's token mean (original GRPO).
-``seq-mean-token-sum-norm``: mean over sequences of token sum / a constant length (Dr. GRPO)."""
+from rstar2_algo.aggregation_modes import LossAggregation as LossAggregation
 
 Count = int | float | torch.Tensor
 

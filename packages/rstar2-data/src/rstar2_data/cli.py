@@ -11,10 +11,10 @@ from typing import Annotated
 import typer
 import yaml
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.table import Table
 
 from rstar2_data.build import BuildError, build, load_built, read_manifest
+from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.filter_stage import CHECKPOINT_ROWS
 from rstar2_data.hub import HubUnreachableError
 from rstar2_data.jsonl import DataFileError
@@ -29,15 +29,14 @@ app = typer.Typer(
     # Plain help: it wraps between words at any width, where rich's option panels cut words.
     rich_markup_mode=None,
 )
-console = Console()
-errors = Console(stderr=True)
-
 # What a command reports in one line (exit code 2) instead of a traceback.
 InputErrors = (RecipeError, BuildError, DataFileError, HubUnreachableError, OSError)
 
 
 def _fail(error: Exception | str) -> typer.Exit:
-    errors.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+    command_console(stderr=True).print(
+        f"[red]error:[/red] {error}", highlight=False, soft_wrap=True
+    )
     return typer.Exit(2)
 
 
@@ -93,11 +92,8 @@ def build_command(
     Finished stages are kept in OUT/.cache under keys of their inputs' content, so running the
     same command again after an interruption (Ctrl-C) resumes where it stopped, and a changed
     source or recipe rebuilds what depends on it."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        handlers=[RichHandler(console=errors, show_path=False)],
-        format="%(message)s",
-    )
+    console, errors = command_console(), command_console(stderr=True)
+    configure_logging(logging.INFO if verbose else logging.WARNING, errors)
     try:
         loaded = load_recipe(recipe, variables=_variables(var or []))
         if seed is not None:
@@ -114,11 +110,11 @@ def build_command(
             soft_wrap=True,
         )
         raise typer.Exit(130) from None
-    _print_manifest(out)
+    _print_manifest(out, console)
     console.print(f"wrote {manifest.rows} rows to {out / manifest.data_file}")
 
 
-def _print_manifest(out: Path) -> None:
+def _print_manifest(out: Path, console: Console) -> None:
     manifest = read_manifest(out)
     sources = Table(title=f"{manifest.recipe} ({manifest.kind}, seed {manifest.seed})")
     for column in ("source", "origin", "read", "converted", "malformed", "taken"):
@@ -149,8 +145,9 @@ def stats(
     directory: Annotated[Path, typer.Argument(help="A folder written by `rstar2-data build`.")],
 ) -> None:
     """Summarize a built dataset: manifest counts and row statistics."""
+    console = command_console()
     try:
-        _print_manifest(directory)
+        _print_manifest(directory, console)
         rows = load_built(directory)
     except InputErrors as error:
         raise _fail(error) from None
@@ -180,6 +177,7 @@ def stats(
 @app.command()
 def recipes() -> None:
     """List the recipes shipped with rstar2-data."""
+    console = command_console()
     table = Table(title="shipped recipes")
     table.add_column("name")
     table.add_column("kind")

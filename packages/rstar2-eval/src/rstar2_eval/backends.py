@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerBase
 from rstar2_data.hub import hub_problem, unreachable_message
 from rstar2_eval.checkpoints import local_checkpoint
 from rstar2_eval.errors import InputError
+from rstar2_eval.preflight import PROBE_TIMEOUT, probe_sandbox
 from rstar2_eval.settings import EvalSettings
 from rstar2_sandbox.protocol import Sandbox
 from rstar2_scheduler import ChatConfig, Engine, SchedulerConfig
@@ -32,7 +33,6 @@ EngineKind = Literal["auto", "vllm", "transformers"]
 TemplateChoice = Literal["auto", "checkpoint", "rstar2"]
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-_PROBE_TIMEOUT = aiohttp.ClientTimeout(total=15)
 
 
 def resolve_checkpoint(value: str) -> Path:
@@ -212,7 +212,7 @@ async def served_models(root: str) -> list[str] | None:
     error, as ``transformers serve`` does); InputError when it is not reachable."""
     try:
         async with (
-            aiohttp.ClientSession(timeout=_PROBE_TIMEOUT) as session,
+            aiohttp.ClientSession(timeout=PROBE_TIMEOUT) as session,
             session.get(root + "/models") as response,
         ):
             if response.status != 200:
@@ -271,30 +271,16 @@ async def endpoint_scheduler(
 async def open_sandbox(spec: str) -> Sandbox:
     """``local``: fork-servers on this machine (started now); else the URL of an rstar2-sandbox
     service, checked with ``/healthz``."""
-    if spec == "local":
-        from rstar2_sandbox.local import LocalSandbox
+    url = await probe_sandbox(spec)
+    if url is not None:
+        from rstar2_sandbox.client import SandboxClient
 
-        sandbox = LocalSandbox()
-        try:
-            await sandbox.start()
-        except Exception as error:
-            raise InputError("--sandbox", f"cannot start a local sandbox: {error}") from None
-        return sandbox
-    parts = urlsplit(spec)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InputError("--sandbox", f"expected 'local' or an http(s) URL, got {spec!r}")
-    url = spec.rstrip("/")
+        return SandboxClient(url)
+    from rstar2_sandbox.local import LocalSandbox
+
+    sandbox = LocalSandbox()
     try:
-        async with (
-            aiohttp.ClientSession(timeout=_PROBE_TIMEOUT) as session,
-            session.get(url + "/healthz") as response,
-        ):
-            if response.status != 200:
-                raise InputError("--sandbox", f"{url}/healthz answered HTTP {response.status}")
-    except (aiohttp.ClientError, TimeoutError) as error:
-        raise InputError(
-            "--sandbox", f"{url} is not reachable: {type(error).__name__}: {error}"
-        ) from None
-    from rstar2_sandbox.client import SandboxClient
-
-    return SandboxClient(url)
+        await sandbox.start()
+    except Exception as error:
+        raise InputError("--sandbox", f"cannot start a local sandbox: {error}") from None
+    return sandbox

@@ -8,14 +8,14 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.paths import checked_output_dir, checked_output_file
 from rstar2_data.protocol import ANSWER_OPEN
 from rstar2_data.terminal import FittedTable
-from rstar2_eval.cli_run import run
+from rstar2_eval.cli_run import RUN_FILE, run
 from rstar2_eval.errors import InputError
 from rstar2_eval.generations import read_generations
 from rstar2_eval.grading import Grader, GraderConfig
@@ -35,8 +35,6 @@ from rstar2_eval.reports import (
 )
 from rstar2_eval.scoring import score_generations
 
-RUN_FILE = "run.json"  # rstar2_eval.run_dir.RUN_FILE, without importing the evaluation half
-
 app = typer.Typer(
     help="Evaluate checkpoints and endpoints with the tool loop, score generation files, list "
     "the benchmark registry.",
@@ -47,15 +45,6 @@ app = typer.Typer(
 )
 logger = logging.getLogger("rstar2_eval")
 app.command("run")(run)
-
-
-def _setup_logging(verbose: bool, errors: Console) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(message)s",
-        handlers=[RichHandler(console=errors, show_path=False)],
-        force=True,
-    )
 
 
 @app.command()
@@ -149,8 +138,8 @@ def score(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress details.")] = False,
 ) -> None:
     """Grade a generations file against its benchmarks and report per-benchmark metrics."""
-    console, errors = Console(), Console(stderr=True)
-    _setup_logging(verbose, errors)
+    console, errors = command_console(), command_console(stderr=True)
+    configure_logging(logging.INFO if verbose else logging.WARNING, errors)
     config = GraderConfig(
         boxed_fallback=boxed_fallback,
         timeout_s=timeout,
@@ -238,4 +227,4 @@ def benchmarks() -> None:
             str(spec.path or ""),
             spec.answer_format,
         )
-    Console().print(FittedTable(table))
+    command_console().print(FittedTable(table))

@@ -16,13 +16,17 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.paths import checked_output_dir
 from rstar2_data.protocol import ANSWER_OPEN, REASON_OPEN
 from rstar2_eval.checkpoints import local_checkpoint
 from rstar2_eval.errors import InputError
 from rstar2_eval.pool import GradingError
+from rstar2_eval.preflight import check_inputs
 
 logger = logging.getLogger("rstar2_eval")
+
+RUN_FILE = "run.json"  # rstar2_eval.run_dir.RUN_FILE, without importing the evaluation half
 
 # EvalSettings fields by option name.
 _SETTINGS = {
@@ -322,23 +326,20 @@ def run(
     identical at temperature > 0 (see --allow-identical-samples).
     """
     values = {k: v for k, v in locals().items() if k not in ("out", "resume", "verbose")}
-    console, errors = Console(), Console(stderr=True)
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(message)s",
-        handlers=[_handler(errors)],
-        force=True,
-    )
-    if model is not None:
-        try:
-            local_checkpoint(model)  # before the slow imports below and any network access
-        except InputError as error:
-            raise _fail(errors, str(error)) from None
+    console, errors = command_console(), command_console(stderr=True)
+    configure_logging(logging.DEBUG if verbose else logging.INFO, errors)
+    try:
+        given = _given(values)
+        # Local inputs, then the sandbox, before the slow imports below and the model.
+        if model is not None:
+            local_checkpoint(model)
+        _preflight({**(_recorded_options(out) if resume else {}), **given})
+    except InputError as error:
+        raise _fail(errors, str(error)) from None
     try:
         from rstar2_eval.run_command import RunOptions, run_evaluation
         from rstar2_scheduler import TemplateError
 
-        given = _given(values)
         try:
             options = (
                 RunOptions.resume(out, **given)
@@ -385,6 +386,28 @@ def run(
         )
 
 
+def _recorded_options(out: Path) -> dict[str, Any]:
+    """The options ``out/run.json`` records (none when it cannot be read: resuming reports
+    that)."""
+    try:
+        options = json.loads((out / RUN_FILE).read_bytes()).get("options")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return options if isinstance(options, dict) else {}
+
+
+def _preflight(options: dict[str, Any]) -> None:
+    """The problem sets load and ``--sandbox`` answers (``check_inputs``)."""
+    if not options.get("benchmarks"):
+        return  # RunOptions names the missing option
+    data_dir = options.get("data_dir")
+    check_inputs(
+        options["benchmarks"],
+        Path(data_dir) if data_dir is not None else None,
+        options.get("sandbox") or "local",
+    )
+
+
 def _option_error(invalid: ValidationError) -> InputError:
     """The first validation error, naming the command-line option."""
     first = invalid.errors()[0]
@@ -398,9 +421,3 @@ def _option_error(invalid: ValidationError) -> InputError:
         field, inverse.get(field, field)
     )
     return InputError("--" + option.replace("_", "-"), message)
-
-
-def _handler(errors: Console) -> logging.Handler:
-    from rich.logging import RichHandler
-
-    return RichHandler(console=errors, show_path=False)

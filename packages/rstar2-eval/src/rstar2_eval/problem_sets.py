@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rstar2_data.jsonl import DataFileError, read_models
 from rstar2_data.schemas import MathProblem
@@ -27,6 +28,12 @@ SourceKind = Literal["registry", "build", "jsonl", "memory"]
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
+def absolute_path(path: str) -> str:
+    """``path`` from the working directory, as an absolute path (symbolic links kept): what a
+    run records, so that its files are found again from any folder (``score``, ``--resume``)."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
 class ProblemSource(BaseModel):
     """Where a problem set comes from: one entry of ``--benchmarks``."""
 
@@ -34,7 +41,16 @@ class ProblemSource(BaseModel):
 
     name: str = Field(pattern=_NAME.pattern, description="Name in reports and generation files.")
     kind: SourceKind
-    path: str | None = Field(default=None, description="The build directory or JSONL file.")
+    path: str | None = Field(
+        default=None,
+        description="The build directory or JSONL file (a relative path is taken from the "
+        "working directory and kept absolute).",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: str | None) -> str | None:
+        return None if path is None else absolute_path(path)
 
     @property
     def spec(self) -> str:

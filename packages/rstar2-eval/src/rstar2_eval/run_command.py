@@ -12,7 +12,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from rich.console import Console
 
 from rstar2_data.protocol import ANSWER_CLOSE, ANSWER_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
@@ -36,7 +36,7 @@ from rstar2_eval.checkpoints import local_checkpoint
 from rstar2_eval.errors import InputError
 from rstar2_eval.evaluation import EvalReport, evaluate
 from rstar2_eval.grading import Grader, GraderConfig
-from rstar2_eval.problem_sets import ProblemSet, load_source, parse_sources
+from rstar2_eval.problem_sets import ProblemSet, absolute_path, load_source, parse_sources
 from rstar2_eval.run_dir import RUN_FILE, ModelInfo, RunRecord
 from rstar2_eval.settings import EvalSettings
 from rstar2_scheduler import (
@@ -83,6 +83,21 @@ class RunOptions(BaseModel):
         default=False,
         description="Accept k identical samples per problem at temperature > 0 (still reported).",
     )
+
+    @field_validator("benchmarks")
+    @classmethod
+    def _absolute_benchmark_paths(cls, entries: list[str]) -> list[str]:
+        # Recorded in run.json: --resume and score find the files again from any folder.
+        absolute = []
+        for entry in entries:
+            name, sep, path = entry.partition("=")
+            absolute.append(f"{name}={absolute_path(path.strip())}" if sep else entry)
+        return absolute
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute_data_dir(cls, data_dir: Path | None) -> Path | None:
+        return None if data_dir is None else Path(absolute_path(str(data_dir)))
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:

@@ -368,7 +368,7 @@ def bench(
                 sequential_calls=sequential_calls,
                 batch_calls=batch_calls,
                 batch_chunk=batch_size * concurrency,
-                console=console,
+                console=Console(stderr=True),  # progress; the table goes to stdout
             )
         title = f"rstar2-sandbox at {url} (load {os.getloadavg()[0]:.2f})"
         console.print(table(rows, title, target_column=False))

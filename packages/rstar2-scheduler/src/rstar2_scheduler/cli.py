@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.errors import describe_validation_error
 from rstar2_data.jsonl import atomic_write_text
 from rstar2_data.paths import checked_output_file
@@ -60,8 +61,9 @@ _SWEEP_PROMPTS = (1, 2, 4, 8, 16, 24, 32, 34, 36, 38, 39, 40, 44, 48, 64, 128)
 def main(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")] = False,
 ) -> None:
-    """rstar2 rollout scheduling: load balancing over inference engines."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING)
+    """rstar2 rollout scheduling: load balancing over inference engines. Results on stdout,
+    logs and progress on stderr."""
+    configure_logging(logging.DEBUG if verbose else logging.WARNING, command_console(stderr=True))
 
 
 def _print_report(report: BenchReport, console: Console) -> None:
@@ -239,13 +241,14 @@ def bench(
         )
     except ValidationError as error:
         raise _rollouts_do_not_fit(error) from None
-    console = Console()
+    console = command_console()
     with Progress(
         TextColumn("{task.description:>13}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=console,
+        console=command_console(stderr=True),
+        transient=True,
     ) as progress:
         tasks = {
             name: progress.add_task(name, total=config.workload.rollouts)
@@ -291,7 +294,7 @@ def plot(
             f"{report} is not a report of 'bench --json': {describe_validation_error(error)}",
             param_hint="report",
         ) from None
-    Console().print(f"timeline: {_plot_report(loaded, out)}")
+    command_console().print(f"timeline: {_plot_report(loaded, out)}")
 
 
 @app.command()
@@ -331,13 +334,18 @@ def sweep(
     """
     counts = prompts or list(_SWEEP_PROMPTS)
     seeds = seed or [0, 1, 2]
-    console = Console()
+    console = command_console()
     table = Table(title="static against kv-aware across workload sizes (simulated time)")
     for column in ("engines", "prompts", "rollouts", "seed", "static s", "kv-aware s", "speed-up"):
         table.add_column(column, justify="right")
     points: list[SweepPoint] = []
     with Progress(
-        TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        TextColumn("sweep"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=command_console(stderr=True),
+        transient=True,
     ) as progress:
         task = progress.add_task("sweep", total=len(counts) * len(seeds) * len(engines or [2]))
         # The first point's workload; run_sweep checks every point before it runs one, and the

@@ -12,10 +12,9 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from transformers import PreTrainedTokenizerBase
 
 from rstar2_data import MathProblem
 from rstar2_data.protocol import ToolCall, count_answer_tags
@@ -28,6 +27,9 @@ from rstar2_scheduler.protocol.prefix import check_prefix_preserving
 from rstar2_scheduler.protocol.tool_calls import ParsedTurn, ToolCallParser
 from rstar2_scheduler.protocol.tool_response import DEFAULT_TOOL_OUTPUT_CHARS, ToolOutputFormatter
 from rstar2_scheduler.trajectory import StopReason, Trajectory, TurnRecord, count_quality
+
+if TYPE_CHECKING:  # transformers loads only where a tokenizer is used: configs stay light
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 

@@ -206,7 +206,9 @@ def test_sweep_writes_every_point_and_kv_aware_places_a_short_phase_as_static_do
     assert [(p["prompts"], p["rollouts"], p["seed"]) for p in points] == [(1, 32, 3), (2, 64, 3)]
     # A phase of at most two batches per engine: kv-aware runs the static split's schedule.
     assert all(p["kv_aware_s"] == p["static_s"] > p["bound_s"] for p in points)
-    assert "lowest speed-up 1.000x" in result.output
+    assert "lowest speed-up 1.000x" in result.stdout
+    # Progress goes to stderr (and, transient, leaves nothing there once done): never stdout.
+    assert "2/2" not in result.stdout
 
 
 def test_sweep_runs_the_workload_budget_and_engines_it_is_given(tmp_path: Path) -> None:

@@ -1,21 +1,21 @@
 """The ``rstar2-train`` command line.
 
-Heavy modules (torch, transformers, the other rstar2 packages' engines) load only once a command
-runs: configs are validated against rstar2-scheduler's and rstar2-algo's types, so even they are
-imported inside the commands, which keeps ``--help`` and argument errors fast.
+Heavy modules (torch, transformers, the trainers, the other rstar2 packages' engines) load only
+once a command has a valid config: loading and validating one imports neither torch nor
+transformers, so ``--help``, ``show`` and every bad input answer in about a second.
+Results (tables, where the final weights are) go to stdout; logs and progress to stderr.
 """
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.table import Table
 
+from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.paths import checked_output_dir
 from rstar2_data.terminal import FittedTable
 
@@ -26,7 +26,6 @@ app = typer.Typer(
     # Plain help: it wraps between words at any width, where rich's option panels cut words.
     rich_markup_mode=None,
 )
-errors = Console(stderr=True)
 
 ConfigArgument = Annotated[
     str,
@@ -43,15 +42,19 @@ SetOption = Annotated[
         "--set model.path=runs/sft/final). Repeatable; applied after the file and its extends.",
     ),
 ]
+LogEveryOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Without a live display (--no-progress, or stderr not a terminal, e.g. a log "
+        "file): log a progress line (steps done / total, elapsed, ETA, headline metrics) every "
+        "N steps. Default: about every 5% of the run.",
+    ),
+]
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(message)s",
-        handlers=[RichHandler(console=errors, show_path=False)],
-        force=True,
-    )
+def _configure_logging(level: str, errors: Console) -> None:
+    configure_logging(level, errors)
     # transformers' own bars (loading and writing shards) would break the live display.
     import transformers
 
@@ -59,7 +62,9 @@ def _configure_logging(level: str) -> None:
 
 
 def _fail(message: str) -> typer.Exit:
-    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    command_console(stderr=True).print(
+        f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True
+    )
     return typer.Exit(2)
 
 
@@ -95,19 +100,18 @@ def stage(
     ] = False,
     progress: Annotated[
         bool,
-        typer.Option(help="Show a live progress display (--no-progress: log lines only)."),
+        typer.Option(
+            help="Show a live progress display in a terminal (--no-progress: log lines only)."
+        ),
     ] = True,
+    log_every: LogEveryOption = None,
     log_level: Annotated[
         str, typer.Option(help="Logging level: DEBUG, INFO, WARNING, ERROR.")
     ] = "INFO",
 ) -> None:
     """Run one training stage (SFT or RL) to its end; the final weights go to OUT/final."""
     from rstar2_train.config.loader import ConfigError, load_config
-    from rstar2_train.progress import LogReporter, Reporter, RichReporter
-    from rstar2_train.run_dir import RunError
-    from rstar2_train.runner import run_stage
 
-    _configure_logging(log_level)
     settings = list(overrides or [])
     if out is not None and output is not None and out != output:
         raise _fail(f"--out {out} and --output {output} (its old name) disagree; give --out only")
@@ -118,12 +122,19 @@ def stage(
         resolved = load_config(config, settings)
     except ConfigError as error:
         raise _fail(str(error)) from None
-    reporter: Reporter = RichReporter(errors) if progress else LogReporter()
+    # A valid config: now the trainer and its libraries.
+    from rstar2_train.progress_log import stage_reporter
+    from rstar2_train.run_dir import RunError
+    from rstar2_train.runner import run_stage
+
+    errors = command_console(stderr=True)  # logs and progress
+    _configure_logging(log_level, errors)
+    reporter = stage_reporter(errors, live=progress, every=log_every)
     try:
         final = run_stage(resolved, resume=resume, allow_changes=allow_changes, reporter=reporter)
     except (RunError, ValueError, OSError, ImportError) as error:
         raise _fail(str(error)) from None
-    errors.print(f"[bold green]done:[/] final weights in {final}")
+    command_console().print(f"done: final weights in {final}", highlight=False)
 
 
 @app.command()
@@ -134,7 +145,7 @@ def configs() -> None:
     table = Table("name", "description")
     for name, description in shipped_configs().items():
         table.add_row(name, description)
-    Console().print(FittedTable(table))
+    command_console().print(FittedTable(table))
 
 
 @app.command()
@@ -189,29 +200,32 @@ def demo(
     ] = 1,
     progress: Annotated[
         bool,
-        typer.Option(help="Show live progress bars (--no-progress: log lines only)."),
+        typer.Option(help="Show live progress bars in a terminal (--no-progress: log lines only)."),
     ] = True,
+    log_every: LogEveryOption = None,
     log_level: Annotated[
         str, typer.Option(help="Logging level: DEBUG, INFO, WARNING, ERROR.")
     ] = "INFO",
 ) -> None:
     """The whole loop on a CPU: build the synthetic tool tasks, train a tokenizer and a tiny model
     (SFT), run GRPO-RoC with real tool calls, evaluate both checkpoints on a held-out split with
-    rstar2-eval, and print a before/after table."""
+    rstar2-eval, and print a before/after table (on stdout; logs and progress on stderr)."""
     from rstar2_eval import InputError
     from rstar2_train.demo import DemoOptions, run_demo
     from rstar2_train.run_dir import RunError
 
-    _configure_logging(log_level)
+    errors = command_console(stderr=True)  # logs and progress
+    _configure_logging(log_level, errors)
     options = DemoOptions(
         out=out,
         quick=quick,
         ablation=ablation,
         seed=seed,
         progress=progress,
+        log_every=log_every,
         eval_samples=eval_samples,
     )
     try:
-        run_demo(options, console=errors)
+        run_demo(options, console=errors, results=command_console())
     except (RunError, ValueError, OSError, ImportError, InputError) as error:
         raise _fail(str(error)) from None

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import PreTrainedTokenizerBase
 
 from rstar2_data import ChatMessage, python_tool_schema
 from rstar2_data.protocol import CHAT_TEMPLATE, REASON_OPEN, TURN_END, user_prompt
+
+if TYPE_CHECKING:  # transformers loads only where a tokenizer is used: configs stay light
+    from transformers import PreTrainedTokenizerBase
 
 Message = dict[str, Any]
 

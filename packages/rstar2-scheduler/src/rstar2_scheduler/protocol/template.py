@@ -7,9 +7,12 @@ share.
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from rstar2_data.protocol import CHAT_TEMPLATE, SPECIAL_TOKENS
+
+if TYPE_CHECKING:  # transformers loads only where a tokenizer is used: configs stay light
+    from transformers import PreTrainedTokenizerBase
 
 
 def install_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:

@@ -141,11 +141,35 @@ def describe(error: ValidationError) -> str:
     return "; ".join(lines)
 
 
+def _leaf_keys(value: Any, prefix: str) -> list[str]:
+    if isinstance(value, Mapping) and value:
+        return [key for k, v in value.items() for key in _leaf_keys(v, f"{prefix}.{k}")]
+    return [prefix]
+
+
+def _check_kind_sections(name: str, data: Mapping[str, Any]) -> None:
+    """Settings of the other kind's section (``rl.*`` on an SFT stage), named key by key
+    (validating them would report the section's required fields instead)."""
+    kind = data.get("kind")
+    if not isinstance(kind, str):
+        return
+    other = {"sft": "rl", "rl": "sft"}.get(kind)
+    if other is None or data.get(other) is None:
+        return
+    keys = _leaf_keys(data[other], other)
+    shown = ", ".join(keys[:5]) + (f" (and {len(keys) - 5} more)" if len(keys) > 5 else "")
+    raise ConfigError(
+        f"{name}: {shown}: not settings of an {kind.upper()} stage (kind: {kind}); {other}.* "
+        f"settings belong to kind {other} configs"
+    )
+
+
 def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> StageConfig:
     """A validated stage config from a shipped name or a YAML file, with ``--set`` overrides."""
     data = _read(name_or_path, None, [])
     for assignment in overrides:
         data = merge(data, parse_override(assignment))
+    _check_kind_sections(name_or_path, data)
     try:
         return StageConfig.model_validate(data)
     except ValidationError as error:

@@ -62,7 +62,8 @@ from rstar2_train.demo.report import (
     write_summary,
 )
 from rstar2_train.demo.scores import HeldOutScores, held_out_scores
-from rstar2_train.progress import LogReporter, Reporter, RichReporter
+from rstar2_train.progress import Reporter
+from rstar2_train.progress_log import stage_reporter
 from rstar2_train.run_dir import RunDir, RunError
 from rstar2_train.runner import run_stage
 
@@ -121,9 +122,10 @@ def _same_config(run_dir: RunDir, config: StageConfig) -> bool:
 class DemoRunner:
     """Runs the demo's phases in order, each skipped when an earlier invocation finished it."""
 
-    def __init__(self, options: DemoOptions, console: Console) -> None:
+    def __init__(self, options: DemoOptions, console: Console, results: Console) -> None:
         self.options = options
-        self.console = console
+        self.console = console  # logs and progress
+        self.results = results  # the summary
         self.paths = DemoPaths(options.out)
         self.clock = _Clock()
         self.sft = sft_config(options, self.paths)
@@ -135,14 +137,19 @@ class DemoRunner:
         self._step += 1
         title = f"[{self._step}/{self._steps}] {text}"
         # A rule shortens a title it cannot hold; a longer one goes under the rule, wrapped.
-        if cell_len(title) <= self.console.width - 4:
+        # In a log file a rule would be a line of dashes: the title alone.
+        if not self.console.is_terminal:
+            self.console.print(Text(title, style="bold"))
+        elif cell_len(title) <= self.console.width - 4:
             self.console.rule(Text(title, style="bold"))
         else:
             self.console.rule()
             self.console.print(Text(title, style="bold"))
 
     def _reporter(self) -> Reporter:
-        return RichReporter(self.console) if self.options.progress else LogReporter()
+        return stage_reporter(
+            self.console, live=self.options.progress, every=self.options.log_every
+        )
 
     def build_data(self) -> None:
         self._header("data: rstar2-data recipes demo-sft, demo (training split), demo-heldout")
@@ -213,7 +220,7 @@ class DemoRunner:
             sft_scores, _ = self.evaluate(sft_final, "sft", problems, grader)
             self._header("evaluation: rstar2-eval run --model rl/final on the held-out split")
             rl_scores, rl_samples = self.evaluate(rl_final, "rl", problems, grader)
-            write_samples(paths.samples, rl_samples)
+            write_samples(paths.samples, rl_samples, problems.problems)
             ablation = self.ablation(problems, grader) if options.ablation else None
         self._header("summary")
         first, last = reward_trend(paths.rl)
@@ -233,8 +240,8 @@ class DemoRunner:
             ablation=ablation,
         )
         write_summary(summary, paths.summary_json, paths.summary_text)
-        print_summary(summary, self.console)
-        self.console.print(f"summary: {paths.summary_json} and {paths.summary_text}")
+        print_summary(summary, self.results)
+        self.results.print(f"summary: {paths.summary_json} and {paths.summary_text}")
         return summary
 
     def ablation(self, problems: ProblemSet, grader: Grader) -> AblationResult:
@@ -291,6 +298,9 @@ class DemoRunner:
         return steps[-1:]
 
 
-def run_demo(options: DemoOptions, *, console: Console | None = None) -> DemoSummary:
-    """Run (or resume) the whole demo; returns what it printed."""
-    return DemoRunner(options, console or Console(stderr=True)).run()
+def run_demo(
+    options: DemoOptions, *, console: Console | None = None, results: Console | None = None
+) -> DemoSummary:
+    """Run (or resume) the whole demo, logging and showing progress on ``console`` (stderr)
+    and printing the summary on ``results`` (stdout); returns what it printed."""
+    return DemoRunner(options, console or Console(stderr=True), results or Console()).run()

@@ -54,7 +54,10 @@ class DemoOptions(BaseModel):
         default=False, description="Also RL with roc sample and none over 3 seeds each."
     )
     seed: int = Field(default=0, description="Seed of the SFT stage and of the main RL run.")
-    progress: bool = True
+    progress: bool = Field(default=True, description="Live progress in a terminal.")
+    log_every: int | None = Field(
+        default=None, ge=1, description="Without a live display: a progress line every N steps."
+    )
     eval_samples: int = Field(default=1, ge=1, description="Samples per held-out problem.")
 
 

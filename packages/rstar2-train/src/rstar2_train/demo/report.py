@@ -16,6 +16,7 @@ from rich.table import Table
 
 from rstar2_data.jsonl import atomic_write_text
 from rstar2_data.protocol import ANSWER_OPEN
+from rstar2_data.schemas import MathProblem
 from rstar2_data.terminal import FittedTable
 from rstar2_eval import ScoredSample
 from rstar2_train.demo.scores import HeldOutScores
@@ -210,18 +211,26 @@ def metric_mean(run_dir: Path, key: str) -> float | None:
     return mean_of([r.get(key) for r in read_metrics(run_dir / "metrics.jsonl")])
 
 
-def write_samples(path: Path, samples: Sequence[ScoredSample], count: int = 4) -> None:
-    """A few held-out rollouts as readable text: correct ones first, then failures."""
+def write_samples(
+    path: Path, samples: Sequence[ScoredSample], problems: Sequence[MathProblem], count: int = 4
+) -> None:
+    """A few held-out rollouts as readable text, each under its problem and gold answer:
+    correct ones first, then failures."""
     chosen = [s for s in samples if s.grade.correct][: count // 2]
     chosen += [s for s in samples if not s.grade.correct][: count - len(chosen)]
+    by_id = {problem.id: problem for problem in problems}
     parts = ["# Held-out rollouts of the RL checkpoint\n"]
     for sample in chosen:
         g = sample.generation
+        problem = by_id.get(g.problem_id)
         verdict = "correct" if sample.grade.correct else f"{sample.grade.status}"
+        gold = f"`{problem.answer}`" if problem is not None else "unknown"
+        statement = problem.problem if problem is not None else "(not in the held-out split)"
         parts.append(
-            f"## {g.benchmark}/{g.problem_id} sample {g.sample_index}: {verdict} "
-            f"(answer {sample.grade.answer!r}, {g.tool_calls} tool calls, {g.tool_errors} failed)"
-            f"\n\n```\n{g.response}\n```\n"
+            f"## {g.benchmark}/{g.problem_id} sample {g.sample_index}: {verdict}\n\n"
+            f"- gold answer {gold}; graded answer `{sample.grade.answer}`\n"
+            f"- {g.tool_calls} tool calls, {g.tool_errors} failed\n\n"
+            f"**Problem**\n\n{statement}\n\n**Response**\n\n```text\n{g.response}\n```\n"
         )
     atomic_write_text(path, "\n".join(parts))
 

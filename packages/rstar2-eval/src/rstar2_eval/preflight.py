@@ -1,0 +1,52 @@
+"""What ``rstar2-eval run`` checks before it loads torch, transformers and the model: the local
+problem files can be read and a sandbox URL answers, so such a mistake is reported in about a
+second rather than once the model has loaded. (Benchmarks fetched from the hub are fetched
+later, once the options are validated.)"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from rstar2_eval.errors import InputError
+from rstar2_eval.problem_sets import load_source, parse_sources
+
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=15)
+"""How long a service (sandbox, endpoint) may take to answer a probe."""
+
+
+async def probe_sandbox(spec: str) -> str | None:
+    """``local`` (started with the run): None. Else the URL of an rstar2-sandbox service whose
+    ``/healthz`` answered; InputError naming ``--sandbox`` when it did not."""
+    if spec == "local":
+        return None
+    parts = urlsplit(spec)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InputError("--sandbox", f"expected 'local' or an http(s) URL, got {spec!r}")
+    url = spec.rstrip("/")
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=PROBE_TIMEOUT) as session,
+            session.get(url + "/healthz") as response,
+        ):
+            if response.status != 200:
+                raise InputError("--sandbox", f"{url}/healthz answered HTTP {response.status}")
+    except (aiohttp.ClientError, TimeoutError) as error:
+        raise InputError(
+            "--sandbox", f"{url} is not reachable: {type(error).__name__}: {error}"
+        ) from None
+    return url
+
+
+def check_inputs(benchmarks: str | Sequence[str], data_dir: Path | None, sandbox: str) -> None:
+    """InputError for the first problem set that cannot be read from a local file (build
+    directories, JSON Lines files, registry benchmarks with ``data_dir``) or for a sandbox URL
+    that does not answer."""
+    for source in parse_sources(benchmarks):
+        if source.kind != "registry" or data_dir is not None:
+            load_source(source, data_dir)
+    asyncio.run(probe_sandbox(sandbox))
