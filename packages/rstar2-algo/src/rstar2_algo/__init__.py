@@ -10,6 +10,7 @@ from rstar2_algo._groups import GroupIds
 from rstar2_algo._rng import RandomSource
 from rstar2_algo.advantages import AdvantageScale, GroupAdvantages, group_advantages
 from rstar2_algo.aggregation import LossAggregation, aggregate
+from rstar2_algo.decoupled import BehaviourWeights, WeightStats, behaviour_weights, ess_fraction
 from rstar2_algo.filtering import DroppedGroup, DropReason, GroupFilter, filter_groups
 from rstar2_algo.fused_head import HeadLogProbs, fused_linear_logprobs
 from rstar2_algo.kl import KLEstimator, kl_divergence
@@ -29,6 +30,7 @@ __version__ = version("rstar2-algo")
 
 __all__ = [
     "AdvantageScale",
+    "BehaviourWeights",
     "DropReason",
     "DroppedGroup",
     "GroupAdvantages",
@@ -43,9 +45,12 @@ __all__ = [
     "RocStats",
     "RocStrategy",
     "TrajectoryQuality",
+    "WeightStats",
     "__version__",
     "aggregate",
+    "behaviour_weights",
     "entropy_from_logits",
+    "ess_fraction",
     "filter_groups",
     "fused_linear_logprobs",
     "group_advantages",
