@@ -258,12 +258,15 @@ async def test_update_weights_switches_the_model(case: EngineCase) -> None:
     await case.engine.generate(request)
     if case.new_weights is None:  # no model: updating must at least keep generation working
         await case.engine.update_weights([], version="1")
-        check_shape(await case.engine.generate(request), request)
+        after = await case.engine.generate(request)
+        check_shape(after, request)
+        assert after.weights_version == "1"
         return
     weights, new_score = case.new_weights
     await case.engine.update_weights(iter(weights), version="1")
     after = await case.engine.generate(request)
     check_shape(after, request)
+    assert after.weights_version == "1"  # results name the weights that sampled them
     assert list(after.logprobs) == pytest.approx(
         new_score(PROMPT, list(after.token_ids), 1.0), abs=1e-4
     )
