@@ -321,7 +321,28 @@ class EnginesConfig(_Section):
         description="transformers, in this process: torch's intra-op threads during the "
         "engines' forward steps (None: torch's setting; 1 decodes a tiny model faster on a CPU).",
     )
+    process: bool = Field(
+        default=False,
+        description="transformers, without placement: run each engine in a child process of "
+        "its own, so that its forward steps run beside the trainer's update (in this process "
+        "they share one compute thread): what rl.max_staleness needs to overlap on one machine "
+        "without Ray.",
+    )
+    cpus: list[int] | None = Field(
+        default=None,
+        min_length=1,
+        description="process: the CPU cores the engine processes may run on (e.g. [1], with "
+        "the trainer on the others); None: any.",
+    )
     vllm: dict[str, Any] = Field(default_factory=dict, description="vllm: AsyncEngineArgs.")
+
+    @model_validator(mode="after")
+    def _process(self) -> Self:
+        if self.process and self.kind != "transformers":
+            raise ValueError("process: only transformers engines run in child processes")
+        if self.cpus is not None and not self.process:
+            raise ValueError("cpus: pins engine processes; set process: true")
+        return self
 
 
 class SandboxConfig(_Section):
@@ -565,6 +586,11 @@ class StageConfig(_Section):
         if placement is not None:
             if self.rl is None:
                 raise ValueError("placement: Ray placement runs RL stages only (kind rl)")
+            if self.rl.engines.process:
+                raise ValueError(
+                    "rl.engines.process runs engines in child processes of this one; with "
+                    "placement each engine is a Ray actor already: unset rl.engines.process"
+                )
             if placement.trainer.fsdp.activation_checkpointing and self.rl.shared_prefix:
                 raise ValueError(
                     "placement.trainer.fsdp.activation_checkpointing turns the KV cache off in "

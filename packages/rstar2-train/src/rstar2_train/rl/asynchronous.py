@@ -156,7 +156,8 @@ class AsyncRLTrainer(RLTrainer):
 
         producer = asyncio.create_task(produce(buffer, run_step, last_step=rl.steps))
         try:
-            mark, busy_mark = loop.time(), sum(gate.busy_s())
+            began = mark = loop.time()
+            busy_mark = sum(gate.busy_s())
             for _ in range(run.start_step + 1, rl.steps + 1):
                 run.reporter.phase(
                     f"waiting for rollouts (queue {buffer.queued_groups} groups, "
@@ -188,6 +189,7 @@ class AsyncRLTrainer(RLTrainer):
                     len(engines) * max(now - mark, 1e-9)
                 )
                 metrics["trainer/idle_s"] = idle
+                metrics["time/elapsed_s"] = now - began
                 metrics["async/queue_groups"] = float(queued)
                 metrics["async/generating_groups"] = float(generating)
                 metrics["async/admitted_version"] = float(admitted)

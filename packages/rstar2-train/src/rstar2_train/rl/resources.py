@@ -18,6 +18,8 @@ from rstar2_sandbox.local import LocalSandbox
 from rstar2_sandbox.protocol import Sandbox
 from rstar2_scheduler import (
     Engine,
+    ProcessEngine,
+    ProcessEngineConfig,
     TransformersEngine,
     TransformersEngineConfig,
     VLLMEngine,
@@ -53,18 +55,18 @@ def make_engines(
     for index in range(config.count):
         replica = copy.deepcopy(model).to(device)  # type: ignore[arg-type]  # transformers' stub
         replica.requires_grad_(False)
-        engines.append(
-            TransformersEngine(
-                replica,
-                TransformersEngineConfig(
-                    name=f"engine-{index}",
-                    kv_budget_tokens=config.kv_budget_tokens,
-                    max_batch_size=config.max_batch_size,
-                    seed=seed + index,
-                    torch_threads=config.torch_threads,
-                ),
-            )
+        settings = TransformersEngineConfig(
+            name=f"engine-{index}",
+            kv_budget_tokens=config.kv_budget_tokens,
+            max_batch_size=config.max_batch_size,
+            seed=seed + index,
+            torch_threads=config.torch_threads,
         )
+        if config.process:
+            cpus = tuple(config.cpus) if config.cpus is not None else None
+            engines.append(ProcessEngine(replica, ProcessEngineConfig(engine=settings, cpus=cpus)))
+        else:
+            engines.append(TransformersEngine(replica, settings))
     return engines
 
 

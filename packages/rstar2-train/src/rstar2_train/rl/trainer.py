@@ -124,6 +124,7 @@ class RLTrainer:
         """Steps ``start_step + 1 .. rl.steps``, each logged and checkpointed when due."""
         run, rl = self.run, self.rl
         scheduler = RolloutScheduler(parts.resources.engines, rl.scheduler)
+        began = time.perf_counter()
         for step in range(run.start_step + 1, rl.steps + 1):
             problems = [parts.problems[i] for i in parts.order.take(rl.prompts_per_step)]
             started = time.perf_counter()
@@ -143,6 +144,7 @@ class RLTrainer:
                 len(parts.resources.engines) * metrics["time/step_s"]
             )
             metrics["trainer/idle_s"] = phase.rollout_s + phase.grading_tail_s
+            metrics["time/elapsed_s"] = time.perf_counter() - began
             metrics.update(await parts.validate(step))
             run.after_step(step, rl.steps, metrics)
 
