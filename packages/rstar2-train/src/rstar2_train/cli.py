@@ -176,6 +176,18 @@ def demo(
             "correct held-out rollouts.",
         ),
     ] = False,
+    ablation_async: Annotated[
+        bool,
+        typer.Option(
+            "--ablation-async",
+            help="Instead of the demo's RL run and its table: the RL stage synchronous and at "
+            "rl.max_staleness 1 and 2, 3 seeds each, the same steps, the engine in a process "
+            "pinned to the last CPU core and the trainer on the others (needs 2 cores); every "
+            "10th step's checkpoint evaluated on the held-out split. Prints wall-clock to the "
+            "synchronous runs' final accuracy, final accuracy, steps/hour, idle fractions and "
+            "the ideal overlap; writes OUT/ablation-async/ (JSON, text, plot).",
+        ),
+    ] = False,
     seed: Annotated[
         int, typer.Option(help="Seed of the SFT stage and the RL run (ablation: SEED..SEED+2).")
     ] = 0,
@@ -199,7 +211,7 @@ def demo(
     (SFT), run GRPO-RoC with real tool calls, evaluate both checkpoints on a held-out split with
     rstar2-eval, and print a before/after table."""
     from rstar2_eval import InputError
-    from rstar2_train.demo import DemoOptions, run_demo
+    from rstar2_train.demo import DemoOptions, run_async_ablation, run_demo
     from rstar2_train.run_dir import RunError
 
     _configure_logging(log_level)
@@ -207,11 +219,17 @@ def demo(
         out=out,
         quick=quick,
         ablation=ablation,
+        ablation_async=ablation_async,
         seed=seed,
         progress=progress,
         eval_samples=eval_samples,
     )
+    if ablation and ablation_async:
+        raise _fail("--ablation and --ablation-async are separate runs: give one of them")
     try:
-        run_demo(options, console=errors)
+        if ablation_async:
+            run_async_ablation(options, console=errors)
+        else:
+            run_demo(options, console=errors)
     except (RunError, ValueError, OSError, ImportError, InputError) as error:
         raise _fail(str(error)) from None

@@ -36,6 +36,7 @@ from rstar2_train.checkpoint import STATE_FILE, read_state
 from rstar2_train.config.loader import dump_config
 from rstar2_train.config.schema import DataSource, StageConfig
 from rstar2_train.data import load_rows
+from rstar2_train.demo import staleness
 from rstar2_train.demo.plan import (
     ABLATION_SEEDS,
     ABLATION_STRATEGIES,
@@ -62,6 +63,7 @@ from rstar2_train.demo.report import (
     write_summary,
 )
 from rstar2_train.demo.scores import HeldOutScores, held_out_scores
+from rstar2_train.demo.staleness import AsyncAblationResult
 from rstar2_train.progress import LogReporter, Reporter, RichReporter
 from rstar2_train.run_dir import RunDir, RunError
 from rstar2_train.runner import run_stage
@@ -129,7 +131,7 @@ class DemoRunner:
         self.sft = sft_config(options, self.paths)
         self.rl = rl_config(options, self.paths)
         self._step = 0
-        self._steps = 6 + (1 if options.ablation else 0)
+        self._steps = 4 if options.ablation_async else 6 + (1 if options.ablation else 0)
 
     def _header(self, text: str) -> None:
         self._step += 1
@@ -280,6 +282,57 @@ class DemoRunner:
             roc_lower=None if roc is None or plain is None else roc < plain,
         )
 
+    def run_async_ablation(self) -> AsyncAblationResult:
+        """Data and SFT as the demo builds them, then the RL stage synchronous and at each
+        max_staleness over 3 seeds (``demo/staleness.py``), each run's checkpoints evaluated on
+        the held-out split; the result in ``ablation-async.json`` and ``.txt``."""
+        options, paths = self.options, self.paths
+        trainer_cores, engine_cores = staleness.cores()
+        self.build_data()
+        self._header(f"SFT: {self.sft.name} -> {paths.sft}")
+        sft_final = self.train(self.sft, "sft")
+        seeds = [options.seed + offset for offset in range(staleness.SEEDS)]
+        arms = [(arm, seed) for seed in seeds for arm in staleness.ARMS]
+        self._header(
+            f"RL: synchronous and max_staleness {', '.join(map(str, staleness.ARMS[1:]))}, "
+            f"{len(seeds)} seeds; trainer on cores {trainer_cores}, engine on {engine_cores}"
+        )
+        for arm, seed in arms:  # seeds outermost: a change of load falls on every arm alike
+            name = staleness.arm_name(arm)
+            config = rl_config(
+                options,
+                paths,
+                output=paths.async_run(name, seed),
+                seed=seed,
+                overrides=staleness.run_overrides(arm, quick=options.quick),
+            )
+            with staleness.trainer_pinned():
+                self.train(config, f"rl {name}-seed{seed}")
+        (problems,) = load_problem_sets([f"{HELDOUT_SET}={paths.dataset(HELDOUT_RECIPE)}"])
+        problems = problems.head(eval_settings(options, self.rl).limit)
+        every = staleness.QUICK_EVAL_EVERY if options.quick else staleness.EVAL_EVERY
+        self._header(f"evaluation: the SFT checkpoint and every {every}th step of each run")
+        runs = []
+        with Grader(GraderConfig(workers=1)) as grader:
+            start, _ = self.evaluate(sft_final, "sft", problems, grader)
+            for arm, seed in arms:
+                name = staleness.arm_name(arm)
+                run_dir = paths.async_run(name, seed)
+                accuracy = {0: start.accuracy}
+                for step, checkpoint in staleness.evaluated_steps(run_dir, every):
+                    scores, _ = self.evaluate(
+                        checkpoint, f"async-{name}-seed{seed}-step{step}", problems, grader
+                    )
+                    accuracy[step] = scores.accuracy
+                runs.append(staleness.run_record(run_dir, arm, seed, accuracy))
+        self._header("summary")
+        result = staleness.summarize(runs, trainer=trainer_cores, engine=engine_cores)
+        plot = staleness.plot_curves(result, paths.ablation_async / "accuracy_vs_wallclock.png")
+        result = result.model_copy(update={"plot": None if plot is None else str(plot)})
+        staleness.write_result(result, paths.ablation_async)
+        staleness.print_result(result, self.console)
+        return result
+
     def _plots(self) -> list[Path]:
         found = [*sorted((self.paths.sft / "plots").glob("*.png"))]
         found += sorted((self.paths.rl / "plots").glob("*.png"))
@@ -294,3 +347,10 @@ class DemoRunner:
 def run_demo(options: DemoOptions, *, console: Console | None = None) -> DemoSummary:
     """Run (or resume) the whole demo; returns what it printed."""
     return DemoRunner(options, console or Console(stderr=True)).run()
+
+
+def run_async_ablation(
+    options: DemoOptions, *, console: Console | None = None
+) -> AsyncAblationResult:
+    """Run (or resume) ``demo --ablation-async``; returns what it printed."""
+    return DemoRunner(options, console or Console(stderr=True)).run_async_ablation()

@@ -78,9 +78,13 @@ def lag_metrics(
         return {}
     worst = max(lags)
     if worst > max_staleness or min(lags) < 0:
+        found = dict(sorted(lags.items()))
         raise StalenessError(
             f"an update from version {version} got tokens {worst} versions old (max_staleness "
-            f"{max_staleness}; lags {dict(sorted(lags.items()))}): the admission bound failed"
+            f"{max_staleness}; tokens by lag {found}): the admission bound failed"
+            if worst > max_staleness
+            else f"an update from version {version} got tokens sampled by a later version "
+            f"(tokens by lag {found}): version labels are wrong"
         )
     metrics = {
         "staleness/lag_mean": sum(lag * n for lag, n in lags.items()) / tokens,
