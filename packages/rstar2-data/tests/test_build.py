@@ -197,6 +197,7 @@ output: {format: parquet}
 def test_decontamination_reads_benchmark_specs_with_field_alternatives(tmp_path: Path) -> None:
     leaked = "Find the number of ordered pairs of integers satisfying the grand equation below"
     write_jsonl(tmp_path / "bench.jsonl", [{"question": leaked}, {"problem": "Other text."}])
+    (tmp_path / "bench.jsonl").write_text("\n" + (tmp_path / "bench.jsonl").read_text())
     write_jsonl(
         tmp_path / "train.jsonl",
         [
@@ -221,7 +222,8 @@ output: {shuffle: false}
     assert manifest.filters[0].removed == {"overlaps b (8-grams)": 1}
     assert [r.answer for r in load_built(tmp_path / "out")] == ["4"]
     recipe.write_text(recipe.read_text().replace("[problem, question]", "problem"))
-    with pytest.raises(BuildError, match="benchmark b: row 1 has no string 'problem'"):
+    # The row is named by its line in the file (line 1 is blank).
+    with pytest.raises(BuildError, match="benchmark b: line 2 has no string 'problem'"):
         build(load_recipe(recipe), tmp_path / "again", progress=False)
     recipe.write_text(recipe.read_text().replace("path: bench.jsonl, ", ""))
     with pytest.raises(RecipeError, match="give hub, path or both"):
@@ -274,11 +276,32 @@ sources:
     )
     manifest = build(load_recipe(path), tmp_path / "out", progress=False)
     assert manifest.sources[0].taken == 10
-    cached = list((tmp_path / "out" / ".cache").glob("p-*.jsonl"))
+    cached = list((tmp_path / "out" / ".cache").glob("source-p-*.jsonl"))
     assert len(cached) == 1
-    # Restarting after the source is cached does not read the source again.
-    (tmp_path / "p.jsonl").write_text("garbage\n")
+    # A rebuild with the same source reuses its converted rows.
+    cached[0].write_bytes(cached[0].read_bytes())  # (a rewrite would not change the key)
     assert build(load_recipe(path), tmp_path / "out", progress=False) == manifest
+    assert list((tmp_path / "out" / ".cache").glob("source-p-*.jsonl")) == cached
+
+
+def test_a_changed_source_is_rebuilt_not_read_from_the_cache(tmp_path: Path) -> None:
+    rows = [{"problem": f"Problem number {i}?", "answer": i} for i in range(40)]
+    source = write_jsonl(tmp_path / "p.jsonl", rows)
+    path = recipe_file(
+        tmp_path, "name: shrink\nkind: math\nsources: [{name: p, path: p.jsonl, fields: {}}]\n"
+    )
+    first = build(load_recipe(path), tmp_path / "out", progress=False)
+    assert (first.sources[0].rows_read, first.rows) == (40, 40)
+    write_jsonl(source, rows[:20])  # same path, fewer rows
+    second = build(load_recipe(path), tmp_path / "out", progress=False)
+    assert (second.sources[0].rows_read, second.rows) == (20, 20)
+    assert len(load_built(tmp_path / "out")) == 20
+    # Same size, one character changed: still rebuilt.
+    source.write_text(source.read_text().replace("number 7?", "number 8?"))
+    third = build(load_recipe(path), tmp_path / "out", progress=False)
+    assert third.content_sha256 != second.content_sha256
+    # Only the current build's checkpoints stay.
+    assert len(list((tmp_path / "out" / ".cache").glob("source-p-*.jsonl"))) == 1
 
 
 def test_weights_share_the_total(tmp_path: Path) -> None:

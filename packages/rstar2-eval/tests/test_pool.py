@@ -6,6 +6,7 @@ import time
 
 import pytest
 from hanging_verifier import verify_or_hang
+from import_probe import verify_without_imports
 
 from rstar2_eval import Grader, VerifierPool
 from rstar2_eval.pool import VerifyResult
@@ -61,3 +62,12 @@ def test_invalid_pool_settings() -> None:
         VerifierPool(0, 1.0)
     with pytest.raises(ValueError, match="timeout_s"):
         VerifierPool(1, 0.0)
+
+
+def test_a_warm_worker_imports_nothing_for_its_first_symbolic_answer() -> None:
+    # A garbled integer (letters inside digits: symbols to math-verify) against an integer gold
+    # takes math-verify's symbolic path, sympy.simplify; its first call used to import sympy
+    # modules (about 0.5 s on a loaded 2-core machine) on the first such answer of every worker.
+    with VerifierPool(1, 60.0, verifier=verify_without_imports, memory_limit_mb=None) as pool:
+        results = pool.verify([("19You74316", "19130160")])
+    assert results == [VerifyResult("correct", None)]

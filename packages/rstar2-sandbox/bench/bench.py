@@ -8,6 +8,17 @@
    wraps it, in alternating rounds; prints the templated / plain ratio.
 4. On a fresh service: one 4,096-item Code Judge batch, every 16th item printing 1 MiB; prints the
    front end's peak RSS.
+5. ``bodies``: on a fresh service, the latency of one-at-a-time calls while four clients each send
+   a 250 MB body (declared, then chunked), against the same calls on the idle service; prints the
+   front end's peak RSS growth. ``window``: a native batch of 8 runs printing 24 MiB each, and a
+   300-item batch of 1 MiB results whose client stops reading: the front end's peak RSS growth
+   and how many calls ran while the client did not read.
+6. ``step``: a paper-scale RL step (``--step-calls``, default 45,000) through the cluster mode on
+   this machine (Redis, ``--step-workers`` workers, one front end): rStar2-Agent's template,
+   mixed trivial / numpy / sympy / failing code (``rstar2_sandbox.step``); every call must be
+   answered exactly once. Then the same on a fresh cluster with one worker killed halfway.
+   Prints throughput, latency, the accounting, and the peak memory of front end, workers and
+   Redis. Needs ``redis-server``.
 
 Run with ``uv run nox -s bench`` or ``uv run python packages/rstar2-sandbox/bench/bench.py``.
 """
@@ -15,19 +26,16 @@ Run with ``uv run nox -s bench`` or ``uv run python packages/rstar2-sandbox/benc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
+import shutil
 from typing import Annotated
 
 import typer
+from front_end import BODY_MODES, measure_big_results, measure_bodies, measure_stalled_client
+from processes import memory_mib, served, wait_healthy
 from rich.console import Console
+from step_bench import cluster_step
 
 from rstar2_sandbox import ExecutorSettings, LocalSandbox, SandboxClient
 from rstar2_sandbox.baseline import FreshInterpreterSandbox
@@ -43,12 +51,8 @@ from rstar2_sandbox.bench import (
 from rstar2_sandbox.models import RunRequest
 
 console = Console(width=max(120, Console().width))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+BASELINE_TIMEOUT_S = 120.0
+SECTIONS = ("executor", "http", "codejudge", "mixed", "bodies", "window", "step")
 
 
 async def compare(
@@ -61,29 +65,20 @@ async def compare(
     async with LocalSandbox(settings) as fork:
         for snippet in snippets:
             rows.append(await measure_batch(fork, "fork-server", snippet, calls, calls))
+            # A fresh interpreter importing sympy takes seconds under load: a long timeout, so
+            # that the baseline's figure is its speed, not its timeouts (failures are counted).
             rows.append(
                 await measure_batch(
-                    baseline, "fresh-interpreter", snippet, baseline_calls, baseline_calls
+                    baseline,
+                    "fresh-interpreter",
+                    snippet,
+                    baseline_calls,
+                    baseline_calls,
+                    timeout_s=BASELINE_TIMEOUT_S,
                 )
             )
     await baseline.aclose()
     return rows, baseline.drop_uid
-
-
-async def wait_healthy(url: str, deadline_s: float) -> None:
-    client = SandboxClient(url, retries=0)
-    deadline = time.monotonic() + deadline_s
-    try:
-        while True:
-            try:
-                await client.health()
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
-    finally:
-        await client.aclose()
 
 
 async def end_to_end(url: str, snippets: list[str], calls: int, batch: int) -> list[BenchRow]:
@@ -102,35 +97,6 @@ async def end_to_end(url: str, snippets: list[str], calls: int, batch: int) -> l
         await client.run(RunRequest(code="1"))
         rows.append(await measure_sequential(client, "http", "trivial", max(100, calls // 5)))
     return rows
-
-
-@contextlib.contextmanager
-def served(pythonpath: str | None) -> Iterator[tuple[str, int]]:
-    """``rstar2-sandbox serve`` on a free port (from ``pythonpath`` first, when given): its URL
-    and pid; stopped with SIGINT afterwards."""
-    port = free_port()
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "rstar2_sandbox.cli", "serve", "--port", str(port),
-         "--log-level", "WARNING"],
-        env=env,
-    )  # fmt: skip
-    try:
-        yield f"http://127.0.0.1:{port}", server.pid
-    finally:
-        server.send_signal(signal.SIGINT)
-        server.wait(30)
-
-
-def memory_mib(pid: int, field: str) -> float:
-    """VmRSS (now) or VmHWM (peak) of a process, in MiB."""
-    with open(f"/proc/{pid}/status") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise KeyError(field)
 
 
 async def codejudge_template(url: str, calls: int, rounds: int) -> list[BenchRow]:
@@ -177,9 +143,13 @@ def main(
         typer.Option(
             help="Comma-separated parts to run: executor (fork-servers vs fresh interpreter), "
             "http (native API), codejudge (plain vs rStar2-Agent-templated stdlib code), mixed "
-            "(one 4,096-item Code Judge batch with 1 MiB outputs: the front end's peak RSS)."
+            "(one 4,096-item Code Judge batch with 1 MiB outputs: the front end's peak RSS), "
+            "bodies (four clients sending 250 MB bodies: other callers' latency, the front "
+            "end's memory), window (big batch results, a client that stops reading), step (a "
+            "paper-scale RL step through a local cluster, then with a worker killed halfway; "
+            "needs redis-server)."
         ),
-    ] = "executor,http,codejudge,mixed",
+    ] = ",".join(SECTIONS),
     codejudge_rounds: Annotated[
         int, typer.Option(min=1, help="Alternating plain/templated rounds (codejudge).")
     ] = 4,
@@ -192,19 +162,28 @@ def main(
             "compare versions on one machine."
         ),
     ] = None,
+    step_calls: Annotated[
+        int, typer.Option(min=1, help="Tool calls of the RL step (step); the paper's: 45,000.")
+    ] = 45_000,
+    step_workers: Annotated[
+        int, typer.Option(min=2, help="Workers of the local cluster (step), one fork-server each.")
+    ] = 2,
+    body_calls: Annotated[
+        int, typer.Option(min=10, help="One-at-a-time calls timed idle and under the bodies.")
+    ] = 300,
     json_out: Annotated[str | None, typer.Option("--json", help="Write all rows here.")] = None,
 ) -> None:
     """Run the chosen comparisons and print tables, ratios and the load they ran under."""
     names = [s.strip() for s in snippets.split(",") if s.strip()]
     chosen = {s.strip() for s in sections.split(",") if s.strip()}
-    unknown = chosen - {"executor", "http", "codejudge", "mixed"}
+    unknown = chosen - set(SECTIONS)
     if unknown:
         raise typer.BadParameter(f"unknown sections {sorted(unknown)}", param_hint="--sections")
     cores = len(os.sched_getaffinity(0))
     slot_count = slots or 4 * cores
     load_before = os.getloadavg()[0]
     rows: list[BenchRow] = []
-    extra: dict[str, float] = {}
+    extra: dict[str, object] = {}
 
     if "executor" in chosen:
         executor_rows, baseline_uid = asyncio.run(compare(names, calls, baseline_calls, slot_count))
@@ -251,6 +230,48 @@ def main(
             f"front end peak RSS: {extra['peak_rss_mib']:.0f} MiB "
             f"(after start-up: {extra['idle_rss_mib']:.0f} MiB)"
         )
+
+    if "bodies" in chosen:
+        bodies = {}
+        for mode in BODY_MODES:  # each on a fresh server: its peak RSS is then this mode's
+            with served(server_pythonpath) as (url, pid):
+                asyncio.run(wait_healthy(url, 120))
+                bodies[mode] = asyncio.run(measure_bodies(url, pid, body_calls, mode))
+        extra["bodies"] = bodies
+        console.print_json(data={"bodies (one-at-a-time /v1/run; 4 x 250 MB bodies)": bodies})
+
+    if "window" in chosen:
+        window = {}
+        # Each on a fresh server: its peak RSS is then this measurement's.
+        for name, measure in (
+            ("eight_24mib_results", measure_big_results),
+            ("stalled_client", measure_stalled_client),
+        ):
+            with served(server_pythonpath) as (url, pid):
+                asyncio.run(wait_healthy(url, 120))
+                window[name] = asyncio.run(measure(url, pid))
+        extra["window"] = window
+        console.print_json(data={"window (native batches, --response-buffer-mb 64)": window})
+
+    if "step" in chosen and shutil.which("redis-server") is None:
+        console.print("step: skipped, redis-server is not installed (apt-get install redis-server)")
+    elif "step" in chosen:
+        steps = [
+            asyncio.run(
+                cluster_step(
+                    step_calls,
+                    step_workers,
+                    kill_one=kill_one,
+                    pythonpath=server_pythonpath,
+                    console=console,
+                )
+            )
+            for kill_one in (False, True)
+        ]
+        extra["step"] = steps
+        for step in steps:
+            title = "with a worker killed halfway" if step["killed_worker"] else "all workers up"
+            console.print_json(data={f"RL step through the cluster, {title}": step})
 
     load_after = os.getloadavg()[0]
     console.print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")

@@ -197,12 +197,14 @@ async def test_isolation_report_matches_privileges(sandbox: LocalSandbox) -> Non
         assert report.process_limit.active
         assert report.network_namespace.active, report.network_namespace.detail
         assert report.private_tmp.active, report.private_tmp.detail
+        assert report.filesystem_root.active, report.filesystem_root.detail
+        assert report.pid_namespace.active, report.pid_namespace.detail
     else:
         assert not report.unprivileged_uid.active
         assert "root" in report.unprivileged_uid.detail
 
 
-async def test_runs_as_an_unprivileged_uid_in_an_empty_private_directory(
+async def test_runs_as_an_unprivileged_uid_in_a_private_directory_holding_main_py(
     sandbox: LocalSandbox,
 ) -> None:
     if not sandbox.isolation.unprivileged_uid.active:
@@ -214,14 +216,14 @@ async def test_runs_as_an_unprivileged_uid_in_an_empty_private_directory(
     assert settings.uid_base <= int(uid) < settings.uid_base + sandbox.pool.slots
     assert gid == uid
     assert groups == "[]"
-    assert listing.strip() == "[]"
+    assert listing.strip() == "['main.py']"
 
 
 async def test_working_directory_is_removed_after_each_run(sandbox: LocalSandbox) -> None:
-    code = "open('leftover.txt', 'w').write('x')\nimport os\nprint(os.listdir('.'))"
+    code = "open('leftover.txt', 'w').write('x')\nimport os\nprint(sorted(os.listdir('.')))"
     results = await sandbox.run_many([RunRequest(code=code) for _ in range(sandbox.pool.slots * 2)])
-    # Every slot is reused at least once and each time starts empty.
-    assert all(r.stdout == "['leftover.txt']\n" for r in results), results
+    # Every slot is reused at least once and each time starts with main.py alone.
+    assert all(r.stdout == "['leftover.txt', 'main.py']\n" for r in results), results
 
 
 async def test_a_dead_fork_server_fails_its_calls_and_is_replaced(sandbox: LocalSandbox) -> None:

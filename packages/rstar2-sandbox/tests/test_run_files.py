@@ -182,7 +182,8 @@ LOOK = (
         "os.mkdir('/tmp/dir')",
         "os.chmod('.', 0o755)\nos.utime('.', (0, 0))",  # metadata only: no inode added
         "os.setxattr('.', 'user.note', b'for the next run')",
-        "os.chdir('/tmp')\nos.rmdir(os.environ['HOME'])\nos.symlink('/etc', os.environ['HOME'])",
+        "os.chdir('/tmp')\nos.remove(os.environ['HOME'] + '/main.py')\n"
+        "os.rmdir(os.environ['HOME'])\nos.symlink('/etc', os.environ['HOME'])",
     ],
 )
 async def test_the_next_run_in_the_slot_starts_clean(single: LocalSandbox, leave: str) -> None:

@@ -36,8 +36,10 @@ class ScriptedDispatcher:
     """Runs nothing: ``code`` says what to answer. ``sleep S; print N`` waits S seconds and
     answers N bytes of output; ``refuse after S`` raises ``QueueFullError`` after S seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, slots: int = 10**6) -> None:
         self.cancelled = 0
+        self.submitted = 0
+        self.slots = slots
 
     async def start(self) -> None:
         pass
@@ -46,6 +48,7 @@ class ScriptedDispatcher:
         pass
 
     async def submit(self, request: RunRequest) -> RunResult:
+        self.submitted += 1
         words = request.code.split()
         try:
             if words[0] == "refuse":
@@ -59,7 +62,7 @@ class ScriptedDispatcher:
 
     def stats(self) -> DispatcherStats:
         return DispatcherStats(kind="scripted", queue_depth=0, queue_limit=10**6, in_flight=0,
-                               workers=1, slots=10**6)  # fmt: skip
+                               workers=1, slots=self.slots)  # fmt: skip
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -120,7 +123,12 @@ def test_closed_spool_drops_results_and_returns_its_budget() -> None:
 
 
 def scripted_batch(plan: list[tuple[float, int]]) -> dict[str, object]:
-    return {"requests": [{"code": f"sleep {s}; print {n}"} for s, n in plan]}
+    """Calls that sleep S and print N bytes, each capped (for the window) just above N."""
+    return {
+        "requests": [
+            {"code": f"sleep {s}; print {n}", "output_limit_bytes": n + 100} for s, n in plan
+        ]
+    }
 
 
 @in_session_loop
@@ -128,18 +136,22 @@ async def test_results_stream_in_order_past_the_budget(
     scripted: tuple[str, ScriptedDispatcher, ResponseBudget],
 ) -> None:
     url, _, budget = scripted
-    # The first item is the slowest: everything else waits for it, ~3 MiB against 1 MiB.
+    # In each batch the first item is the slowest: the others wait for it, within the batch's
+    # window (1 MiB); two batches at once wait for more than the budget (1 MiB) holds.
     plan = [(0.3, 10)] + [(0.01 * (i % 3), 100_000) for i in range(30)]
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(url + "/v1/run/batch", json=scripted_batch(plan)) as response,
-    ):
-        assert response.status == 200
-        assert response.headers["Content-Type"] == "application/json; charset=utf-8"
-        assert response.headers.get("Transfer-Encoding") == "chunked"
-        body = await response.read()
-    results = BatchResponse.model_validate_json(body).results
-    assert [r.stdout for r in results] == [f"sleep {s}; print {n}" + "." * n for s, n in plan]
+
+    async def one_batch(session: aiohttp.ClientSession) -> bytes:
+        async with session.post(url + "/v1/run/batch", json=scripted_batch(plan)) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"] == "application/json; charset=utf-8"
+            assert response.headers.get("Transfer-Encoding") == "chunked"
+            return await response.read()
+
+    async with aiohttp.ClientSession() as session:
+        bodies = await asyncio.gather(one_batch(session), one_batch(session))
+    for body in bodies:
+        results = BatchResponse.model_validate_json(body).results
+        assert [r.stdout for r in results] == [f"sleep {s}; print {n}" + "." * n for s, n in plan]
     assert budget.used_bytes == 0
 
 
@@ -172,6 +184,7 @@ async def test_a_refusal_before_anything_was_sent_is_a_503(
     url, dispatcher, _ = scripted
     requests = [{"code": "sleep 0.2; print 1"}, {"code": "refuse after 0"}]
     requests += [{"code": "sleep 5; print 1"}] * 3
+    requests = [{**r, "output_limit_bytes": 1000} for r in requests]
     before = dispatcher.cancelled
     async with (
         aiohttp.ClientSession() as session,
@@ -206,7 +219,8 @@ async def test_a_client_that_leaves_calls_off_the_rest(
 ) -> None:
     url, dispatcher, budget = scripted
     before = dispatcher.cancelled
-    requests = [{"code": "sleep 0; print 200000"}] + [{"code": "sleep 3; print 1"}] * 5
+    requests = [{"code": "sleep 0; print 200000", "output_limit_bytes": 200_100}]
+    requests += [{"code": "sleep 3; print 1", "output_limit_bytes": 1000}] * 5
     async with aiohttp.ClientSession() as session:
         response = await session.post(url + "/v1/run/batch", json={"requests": requests})
         assert response.status == 200
@@ -217,6 +231,41 @@ async def test_a_client_that_leaves_calls_off_the_rest(
             break
         await asyncio.sleep(0.05)
     assert dispatcher.cancelled - before == 5
+    assert budget.used_bytes == 0
+
+
+@in_session_loop
+async def test_a_client_that_does_not_read_stops_its_batch() -> None:
+    """Calls are admitted only while the batch's waiting results and the largest results of its
+    running calls fit its window (1 MiB here): a client that reads nothing holds its batch
+    still."""
+    dispatcher = ScriptedDispatcher(slots=4)  # 64 calls ahead at most
+    app = create_app(dispatcher, ServerSettings(response_buffer_mb=1))
+    server = TestServer(app, host="127.0.0.1", port=free_port())
+    await server.start_server()
+    from rstar2_sandbox.api.common import RESPONSE_BUDGET
+
+    budget = app[RESPONSE_BUDGET]
+    items = 300
+    try:
+        async with aiohttp.ClientSession() as session:
+            body = scripted_batch([(0.0, 1_000_000)] * items)
+            response = await session.post(str(server.make_url("/v1/run/batch")), json=body)
+            assert response.status == 200
+            await asyncio.sleep(1.0)
+            stalled = dispatcher.submitted
+            await asyncio.sleep(0.5)
+            # Held still: what the socket buffers took (some MiB), the window, 64 ahead.
+            assert dispatcher.submitted == stalled
+            assert stalled < 64 + 40, stalled
+            assert budget.used_bytes <= 1 << 20
+            results = BatchResponse.model_validate_json(await response.read()).results
+            response.release()
+    finally:
+        await server.close()
+    assert len(results) == items
+    assert dispatcher.submitted == items
+    assert all(len(r.stdout) == len("sleep 0.0; print 1000000") + 1_000_000 for r in results)
     assert budget.used_bytes == 0
 
 
@@ -246,7 +295,7 @@ def served_small_budget() -> Iterator[tuple[str, int]]:
 async def test_front_end_memory_does_not_grow_with_the_batch(
     served_small_budget: tuple[str, int],
 ) -> None:
-    """A batch whose results total 256 MiB, all finished while the first item still runs, goes
+    """A batch whose results total 256 MiB, most finished while the first item still runs, goes
     through a front end that never holds more than a small part of it."""
     url, pid = served_small_budget
     mib = 1 << 20

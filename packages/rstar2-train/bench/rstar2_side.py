@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
+import torch
+from arms import RunSpec
 from workload import Prepared, StepRecord
 
+from rstar2_algo import GroupFilter, GroupIds
 from rstar2_eval import Grader, GraderConfig
 from rstar2_train import load_config, run_stage
+from rstar2_train.rl import selection
 from rstar2_train.stage import StageRun
 
 
@@ -62,15 +68,36 @@ def warm_grader(config: GraderConfig) -> Grader:
     return grader
 
 
-def run_rstar2(
-    prepared: Prepared, *, steps: int, out_dir: Path, overrides: Sequence[str] = ()
-) -> list[StepRecord]:
-    """Train ``steps`` steps; one record per step, stamped when the step's logging is done.
+def spec_overrides(spec: RunSpec) -> list[str]:
+    """The stage settings a run setting changes (``all_groups`` is no setting: see below)."""
+    overrides = [f"rl.engines.torch_threads={spec.generation_threads}"]
+    if not spec.shared_prefix:
+        overrides.append("rl.shared_prefix=false")
+    return overrides
 
-    ``overrides`` (``key=value``) apply after the workload's settings.
+
+def _keep_every_group(rewards: torch.Tensor | Sequence[float], group_ids: GroupIds) -> GroupFilter:
+    """A ``filter_groups`` that drops nothing: all-equal groups go on to advantage 0."""
+    labels = group_ids.tolist() if isinstance(group_ids, torch.Tensor) else list(group_ids)
+    return GroupFilter(kept=torch.arange(len(labels)), dropped=(), num_groups=len(set(labels)))
+
+
+def _all_groups(enabled: bool) -> contextlib.AbstractContextManager[Any]:
+    """While active, the stage trains all-equal groups (advantage exactly 0) as TRL does.
+
+    For the comparison only: the trainer has no such setting, since such groups carry no GRPO
+    signal; they only add rows to the update and tokens to the token-mean's denominator.
     """
+    if not enabled:
+        return contextlib.nullcontext()
+    return mock.patch.object(selection, "filter_groups", _keep_every_group)
+
+
+def run_rstar2(prepared: Prepared, spec: RunSpec, *, steps: int, out_dir: Path) -> list[StepRecord]:
+    """Train ``steps`` steps; one record per step, stamped when the step's logging is done."""
     config = load_config(
-        "tiny-rl", [*stage_overrides(prepared, steps=steps, out_dir=out_dir), *overrides]
+        "tiny-rl",
+        [*stage_overrides(prepared, steps=steps, out_dir=out_dir), *spec_overrides(spec)],
     )
     stamps: list[tuple[float, float, dict[str, float]]] = []
     saving = 0.0
@@ -96,7 +123,8 @@ def run_rstar2(
     StageRun.save = timed_save  # type: ignore[method-assign]
     try:
         started = time.perf_counter()
-        run_stage(config)
+        with _all_groups(spec.all_groups):
+            run_stage(config)
     finally:
         StageRun.after_step, StageRun.save = after_step, save  # type: ignore[method-assign]
     records = []
@@ -107,6 +135,8 @@ def run_rstar2(
                 seconds=stamp - previous - (saved_by_then - saved),
                 reward=metrics.get("reward/mean", float("nan")),
                 completion_tokens=metrics.get("response/length_mean", float("nan")),
+                trained_rollouts=metrics["rollouts/kept"],
+                trained_tokens=metrics["actor/trained_tokens"],
                 phases={k: v for k, v in metrics.items() if k.startswith("time/")},
             )
         )

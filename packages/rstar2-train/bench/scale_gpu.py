@@ -1,509 +1,324 @@
 """rstar2's update step and TransformersEngine on one GPU, against what a user would write
-instead, measured in the same run.
+instead, in the same run; every row in its own process, under its own time cap.
 
-Models: random weights of the Qwen3-0.6B or Qwen3-4B shape built from their configs (no hub
-access needed). Every figure of rstar2 is given as a ratio to its baseline from this run:
+Models: random weights of the Qwen3-0.6B and Qwen3-4B shapes, built from their configs on the
+GPU (no hub access). Rows, in the order they run (most important first, the row that may
+compile for minutes last):
 
-- Update: one optimizer step of a token-mean policy-gradient loss (advantage 1) over
-  ``--sequences`` x ``--length`` tokens (3/4 of each trained) in micro-batches of
-  ``--micro-batch-tokens``. Baseline ("naive"): the transformers model with float32 parameters
-  under bf16 autocast, fused AdamW, no FSDP, rows of whole sequences, the full logits and a
-  float32 log-softmax over them. rstar2: ``TrainerRank`` (FSDP2 ``fully_shard`` on one rank,
-  bf16 mixed precision with float32 master weights, AdamW), ``token_logprobs`` (the fused
-  chunked LM head), the attention that ``model.attn_implementation`` picks (``auto``:
-  FlexAttention for packed rows on a GPU), with variants (packing off, packed rows under sdpa,
-  activation checkpointing). MFU = 6 x parameters x tokens/s over the GPU's dense bf16 peak.
-- Generation: ``--requests`` prompts of ``--prompt`` tokens, ``--new-tokens`` sampled each at
-  temperature 1. Baseline: ``model.generate`` on the whole batch. rstar2: TransformersEngine
-  with every request in flight (slot decoding, compiled decode step on CUDA), after a warm-up
-  pass that compiles it. Also timed: the weight sync of the update's weights (the ranks'
-  full-weight gather, the engine's ``update_weights``).
+- ``naive`` (per shape): the baseline a user writes: the transformers model with float32
+  parameters under bf16 autocast, fused AdamW, no FSDP, micro-batches of whole sequences
+  (``--naive-rows``: 16 at 0.6B on a GPU of 100 GiB or more, else 8; 4 at 4B), the full logits
+  and a float32 log-softmax over them.
+- ``rstar2`` (per shape): ``TrainerRank`` (FSDP2 on one rank, bf16 mixed precision, float32
+  master weights, AdamW), ``token_logprobs`` (fused chunked LM head), attention ``auto``
+  (``varlen_attention`` for packed rows on a GPU), and the memory plan a stage makes in its
+  own process (micro-batch tokens and activation checkpointing fitted to the free memory).
+- ``generate`` and ``engine`` (0.6B): ``--requests`` prompts of ``--prompt`` tokens,
+  ``--new-tokens`` sampled each at temperature 1: ``model.generate`` on the whole batch, then
+  TransformersEngine with every request in flight (slot decoding; on CUDA its decode step is
+  compiled with CUDA graphs during a first, untimed pass, whose time and compile time are
+  reported beside the tokens/s of the second).
+- ``weight-sync`` (0.6B): the full-weight gather from the rank's shards and the engine's
+  ``update_weights`` of those weights.
+- variants (0.6B unless named): packing off; packed rows under ``sdpa`` (the default before
+  FlexAttention); activation checkpointing (also 4B); packed rows under ``flex_attention``
+  (compiles Triton kernels in its first step).
 
-    python packages/rstar2-train/bench/scale_gpu.py --json out.json          # 0.6B, everything
-    python packages/rstar2-train/bench/scale_gpu.py --shape 4b --parts update
-    python packages/rstar2-train/bench/scale_gpu.py --tiny                   # CPU smoke run
+Each update row reports time to first step (from the row's start: model build, rank set-up,
+the first update with any compilation) beside its steady tokens/s (mean of ``--steps`` steps
+after the ``--warmup`` steps), peak memory, the memory plan's estimate and MFU (6 x parameters
+x tokens/s over the GPU's dense bf16 peak); rstar2 rows also as ratios to their shape's
+baseline.
+
+A row runs in a process of its own (forked from a server that has imported torch once), so it
+starts with the GPU's memory to itself and a stall, an OOM or a crash ends that row only: it is
+recorded with how far it got (its last progress event) and the next row starts. A timestamped
+line goes to stderr as each row starts and ends; results go to stdout (a table) and
+``--json``. ``--budget-s`` caps the whole run (a row gets at most what is left; rows that no
+longer fit are recorded as not run); ``--cap ROW=SECONDS`` changes one row's cap.
+
+    python packages/rstar2-train/bench/scale_gpu.py --json gpu.json    # 0.6B and 4B, <= 440 s
+    python packages/rstar2-train/bench/scale_gpu.py --only 4b/naive 4b/rstar2
+    python packages/rstar2-train/bench/scale_gpu.py --tiny             # CPU smoke run (tests)
+
+On a GPU machine whose Python has torch, transformers, aiohttp, typer, pyyaml and rich and no
+package index (nothing here imports ray, vllm, datasets, math-verify or redis): in a checkout,
+``uv build --all-packages --out-dir dist`` and ``pip download --only-binary=:all: --dest dist
+pydantic prometheus-client`` (with the GPU machine's ``--python-version``/``--platform``); copy
+``dist/`` and this ``bench/`` folder there, ``pip install --no-deps dist/*.whl``, and run
+``python bench/scale_gpu.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
-import gc
+import fnmatch
 import json
-import math
-import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from gpu_rows import PRELOAD, child
+from isolated_rows import Row, run_rows
 
-from rstar2_scheduler import (
-    GenerationRequest,
-    SamplingParams,
-    TransformersEngine,
-    TransformersEngineConfig,
-)
-from rstar2_train.batching import MicroBatch, TokenSequence, micro_batches
-from rstar2_train.config.schema import FSDPConfig, OptimizerConfig, ScheduleConfig
-from rstar2_train.modeling import choose_attention
-from rstar2_train.placement.ranks import RankSetup, TrainerRank, free_port
-
-QWEN3 = {
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "head_dim": 128,
-    "num_key_value_heads": 8,
-    "tie_word_embeddings": True,
-}
-SHAPES: dict[str, dict[str, Any]] = {
-    "0.6b": {
-        **QWEN3,
-        "hidden_size": 1024,
-        "intermediate_size": 3072,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 16,
-    },
-    "4b": {
-        **QWEN3,
-        "hidden_size": 2560,
-        "intermediate_size": 9728,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 32,
-    },
-    "tiny": {
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": True,
-    },
-}
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "MI300X": 1307.0}
 """Dense bf16 peak of a GPU by the model in its name (``--peak-tflops`` overrides)."""
+NAIVE_LABEL = "naive: autocast, fused AdamW, whole-sequence rows, full logits"
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One rstar2 update configuration."""
-
-    label: str
-    attention: str
-    packing: bool
-    checkpointing: bool = False
-
-
-VARIANTS = {
-    "0.6b": [
-        Variant("rstar2 (attention auto, packed)", "auto", True),
-        Variant("rstar2, packing off", "auto", False),
-        Variant("rstar2, packed, sdpa (the former default)", "sdpa", True),
-        Variant("rstar2 (auto, packed) + activation checkpointing", "auto", True, True),
-    ],
-    "4b": [
-        Variant("rstar2 (attention auto, packed)", "auto", True),
-        Variant("rstar2 (auto, packed) + activation checkpointing", "auto", True, True),
-    ],
-}
-VARIANTS["tiny"] = VARIANTS["0.6b"]
-
-
-def cuda() -> bool:
-    return torch.cuda.is_available()
-
-
-def sync() -> None:
-    if cuda():
-        torch.cuda.synchronize()
-
-
-def reset_memory() -> None:
-    gc.collect()
-    if cuda():
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def peak_gib() -> float:
-    return torch.cuda.max_memory_allocated() / 2**30 if cuda() else math.nan
-
-
-def build(settings: dict[str, Any], attention: str) -> Qwen3ForCausalLM:
-    config = Qwen3Config(**settings)
-    config._attn_implementation = attention
-    torch.manual_seed(0)
-    return Qwen3ForCausalLM(config)
-
-
-def sequences(count: int, length: int, vocab: int) -> list[TokenSequence]:
-    generator = torch.Generator().manual_seed(0)
-    prompt = length // 4
-    return [
-        TokenSequence(
-            ids=torch.randint(0, vocab, (length,), generator=generator).tolist(),
-            mask=[0] * prompt + [1] * (length - prompt),
-        )
-        for _ in range(count)
-    ]
-
-
-def timed_steps(step: Callable[[], None], args: argparse.Namespace) -> list[float]:
-    times = []
-    for index in range(args.warmup + args.steps):
-        sync()
-        started = time.perf_counter()
-        step()
-        sync()
-        if index >= args.warmup:
-            times.append(time.perf_counter() - started)
-    return times
-
-
-def update_row(label: str, tokens: int, parameters: int, times: list[float], peak: float) -> dict:
-    mean = sum(times) / len(times)
-    return {
-        "label": label,
-        "parameters_m": parameters / 1e6,
-        "tokens_per_step": tokens,
-        "step_s": mean,
-        "tokens_per_s": tokens / mean,
-        "peak_memory_gib": peak,
-    }
-
-
-def naive_update(settings: dict[str, Any], args: argparse.Namespace) -> dict:
-    """What a user writes instead: fp32 weights under bf16 autocast, fused AdamW, full logits."""
-    reset_memory()
-    device = torch.device("cuda" if cuda() else "cpu")
-    model = build(settings, "sdpa").to(device)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=cuda())
-    seqs = sequences(args.sequences, args.length, settings["vocab_size"])
-    ids = torch.tensor([s.ids for s in seqs])
-    mask = torch.tensor([s.mask for s in seqs], dtype=torch.float32)[:, 1:]
-    trained = float(mask.sum())
-    rows = max(1, args.micro_batch_tokens // args.length)
-
-    def step() -> None:
-        for start in range(0, len(seqs), rows):
-            chunk = ids[start : start + rows].to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                logits = model(input_ids=chunk).logits
-            log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-            picked = log_probs.gather(-1, chunk[:, 1:, None]).squeeze(-1)
-            loss = -(picked * mask[start : start + rows].to(device)).sum() / trained
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    times = timed_steps(step, args)
-    parameters = sum(p.numel() for p in model.parameters())
-    return update_row(
-        "naive: autocast, fused AdamW, full logits", ids.numel(), parameters, times, peak_gib()
-    )
-
-
-def loss_fn(total_tokens: int) -> Any:
-    def loss(index: int, batch: MicroBatch, logprobs: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        return -(logprobs * batch.mask).sum() / total_tokens, {}
-
-    return loss
-
-
-def rstar2_update(
-    settings: dict[str, Any], args: argparse.Namespace, variant: Variant
-) -> tuple[dict, dict[str, torch.Tensor]]:
-    """One TrainerRank (FSDP2 over NCCL on the GPU, gloo on a CPU); returns its row and the
-    full weights it ends with."""
-    reset_memory()
-    attention = choose_attention(variant.attention, on_gpu=cuda(), packed=variant.packing)
-    model = build(settings, attention)
-    parameters = sum(p.numel() for p in model.parameters())  # the tied head counted once
-    rank = TrainerRank(0, threads=min(8, os.cpu_count() or 1))
-    rank.setup(
-        RankSetup(
-            world=1,
-            master_addr="127.0.0.1",
-            master_port=free_port(),
-            backend="nccl" if cuda() else "gloo",
-            fsdp=FSDPConfig(
-                param_dtype="bfloat16" if cuda() else None,
-                activation_checkpointing=variant.checkpointing,
-            ),
-            optimizer=OptimizerConfig(lr=1e-6),
-            schedule=ScheduleConfig(),
-            total_steps=100,
+def default_rows(shapes: list[str], *, on_gpu: bool) -> list[Row]:
+    """The rows of a run over ``shapes``, most important first."""
+    first, *rest = shapes
+    large = rest[0] if rest else None
+    rows = [
+        Row(f"{first}/naive", "naive", NAIVE_LABEL, 75),
+        Row(
+            f"{first}/rstar2",
+            "rstar2",
+            "rstar2 default (auto attention, packed, planned)",
+            75,
+            plan=True,
         ),
-        model,
-    )
-    try:
-        seqs = sequences(args.sequences, args.length, settings["vocab_size"])
-        batches = micro_batches(
-            seqs,
-            args.micro_batch_tokens,
-            packing=variant.packing,
-            pad_id=0,
-            device=torch.device("cpu"),
-        )
-        trained = sum(b.tokens for b in batches)
-        own = list(range(len(batches)))
-        times = timed_steps(
-            lambda: rank.update(batches, loss_fn(trained), own, len(own), 1.0), args
-        )
-        peak = peak_gib()
-        row = update_row(variant.label, sum(len(s.ids) for s in seqs), parameters, times, peak)
-        row.update(attention=attention, packing=variant.packing, micro_batches=len(batches))
-        row["activation_checkpointing"] = variant.checkpointing
-        started = time.perf_counter()
-        weights = rank.full_weights()
-        row["gather_full_weights_s"] = time.perf_counter() - started
-        return row, weights
-    finally:
-        rank.close()
-
-
-def guarded(run: Callable[[], Any], label: str) -> Any:
-    """``run()``, or an error row when the GPU runs out of memory."""
-    try:
-        return run()
-    except torch.OutOfMemoryError as error:
-        print(f"{label}: out of memory ({str(error).splitlines()[0]})", flush=True)
-        reset_memory()
-        return {"label": label, "error": "out of memory"}
-
-
-def prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(1)
-    return [
-        torch.randint(0, vocab, (args.prompt,), generator=generator).tolist()
-        for _ in range(args.requests)
     ]
-
-
-def generation_model(settings: dict[str, Any]) -> Qwen3ForCausalLM:
-    model = build(settings, "sdpa")
-    if cuda():
-        model.to(device=torch.device("cuda"), dtype=torch.bfloat16)
-    model.requires_grad_(False)
-    model.eval()
-    return model
-
-
-def hf_generate(settings: dict[str, Any], args: argparse.Namespace) -> dict:
-    """The library call a user makes: ``model.generate`` on the whole batch."""
-    reset_memory()
-    model = generation_model(settings)
-    device = next(model.parameters()).device
-    batch = torch.tensor(prompts(args, settings["vocab_size"]), device=device)
-    kwargs = {
-        "attention_mask": torch.ones_like(batch),
-        "do_sample": True,
-        "temperature": 1.0,
-        "top_k": 0,
-        "top_p": 1.0,
-        "pad_token_id": 0,
-    }
-    model.generate(batch, max_new_tokens=4, min_new_tokens=4, **kwargs)  # warm-up
-    sync()
-    started = time.perf_counter()
-    out = model.generate(
-        batch, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, **kwargs
-    )
-    sync()
-    elapsed = time.perf_counter() - started
-    generated = int(out.shape[0] * (out.shape[1] - batch.shape[1]))
-    return {
-        "label": "model.generate, whole batch",
-        "requests": args.requests,
-        "generated_tokens": generated,
-        "seconds": elapsed,
-        "tokens_per_s": generated / elapsed,
-        "peak_memory_gib": peak_gib(),
-    }
-
-
-async def engine_generate(
-    settings: dict[str, Any], args: argparse.Namespace, weights: dict[str, torch.Tensor]
-) -> dict:
-    reset_memory()
-    model = generation_model(settings)
-    config = TransformersEngineConfig(
-        name="bench",
-        kv_budget_tokens=args.requests * (args.prompt + args.new_tokens),
-        max_batch_size=args.requests,
-        seed=0,
-    )
-    engine = TransformersEngine(model, config)
-    batch = prompts(args, settings["vocab_size"])
-
-    def requests(seed: int) -> list[GenerationRequest]:
-        return [
-            GenerationRequest(
-                request_id=f"r{i}",
-                prompt_ids=tuple(prompt),
-                sampling=SamplingParams(max_new_tokens=args.new_tokens, seed=seed + i),
-            )
-            for i, prompt in enumerate(batch)
+    if large is not None:
+        rows += [
+            Row(f"{large}/naive", "naive", NAIVE_LABEL, 90),
+            Row(
+                f"{large}/rstar2",
+                "rstar2",
+                "rstar2 default (auto attention, packed, planned)",
+                120,
+                plan=True,
+            ),
         ]
+    rows += [
+        Row(f"{first}/generate", "generate", "model.generate, whole batch", 75),
+        Row(f"{first}/engine", "engine", "TransformersEngine, all requests in flight", 150),
+        Row(f"{first}/weight-sync", "weight-sync", "weight sync: gather + update_weights", 60),
+        Row(f"{first}/packing-off", "rstar2", "rstar2, packing off", 60, packing=False),
+        Row(
+            f"{first}/sdpa-packed", "rstar2", "rstar2, packed rows under sdpa", 60, attention="sdpa"
+        ),
+        Row(
+            f"{first}/checkpointing",
+            "rstar2",
+            "rstar2 + activation checkpointing",
+            60,
+            checkpointing=True,
+        ),
+    ]
+    if large is not None:
+        rows.append(
+            Row(
+                f"{large}/checkpointing",
+                "rstar2",
+                "rstar2 + activation checkpointing",
+                120,
+                checkpointing=True,
+            )
+        )
+    no_backward = None if on_gpu else "FlexAttention has no backward pass on a CPU"
+    rows.append(
+        Row(
+            f"{first}/flex",
+            "rstar2",
+            "rstar2, packed rows under flex_attention (compiles)",
+            120,
+            attention="flex_attention",
+            skip=no_backward,
+        )
+    )
+    return rows
 
-    async with engine:
-        # A whole pass first: it compiles the decode step for every window it reaches.
-        await asyncio.gather(*(engine.generate(r) for r in requests(10**6)))
-        sync()
-        started = time.perf_counter()
-        results = await asyncio.gather(*(engine.generate(r) for r in requests(0)))
-        sync()
-        elapsed = time.perf_counter() - started
-        row: dict[str, Any] = {
-            "label": "TransformersEngine, all requests in flight",
-            "decode": type(engine._batch).__name__,
-            "requests": args.requests,
-            "generated_tokens": sum(len(r.token_ids) for r in results),
-            "seconds": elapsed,
-            "peak_memory_gib": peak_gib(),
-        }
-        row["tokens_per_s"] = row["generated_tokens"] / elapsed
-        if weights:
-            sync()
-            started = time.perf_counter()
-            await engine.update_weights(weights.items(), version="1")
-            sync()
-            row["engine_update_weights_s"] = time.perf_counter() - started
-    return row
 
-
-def peak_tflops(args: argparse.Namespace) -> float | None:
+def peak_tflops(args: argparse.Namespace, name: str) -> float | None:
     if args.peak_tflops is not None:
         return float(args.peak_tflops)
-    if not cuda():
-        return None
-    name = torch.cuda.get_device_name()
     return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
-def add_ratios(results: dict[str, Any], peak: float | None) -> None:
-    """Each rstar2 row's tokens/s and peak memory over its baseline's, and MFU."""
-    update = results.get("update", [])
-    for row in update:
-        if "error" not in row and peak is not None:
+def add_ratios(rows: list[dict[str, Any]], peak: float | None) -> None:
+    """MFU of each update row; each rstar2 row's tokens/s and peak memory over its shape's
+    baseline; the engine's tokens/s over ``model.generate``'s."""
+    by_id = {row["id"]: row for row in rows if row.get("status") == "ok"}
+    for row in by_id.values():
+        shape = row["id"].split("/")[0]
+        if "tokens_per_step" in row and peak is not None:
             row["mfu"] = 6 * row["parameters_m"] * 1e6 * row["tokens_per_s"] / (peak * 1e12)
-    if update and "error" not in update[0]:
-        for row in update[1:]:
-            if "error" not in row:
-                row["speed_vs_naive"] = row["tokens_per_s"] / update[0]["tokens_per_s"]
-                if cuda():
-                    row["memory_vs_naive"] = row["peak_memory_gib"] / update[0]["peak_memory_gib"]
-    generate = results.get("generate", [])
-    if len(generate) == 2 and all("error" not in row for row in generate):
-        generate[1]["speed_vs_generate"] = generate[1]["tokens_per_s"] / generate[0]["tokens_per_s"]
+        naive = by_id.get(f"{shape}/naive")
+        if row.get("attention") is not None and naive is not None:
+            row["speed_vs_naive"] = row["tokens_per_s"] / naive["tokens_per_s"]
+            if row.get("peak_memory_gib") and naive.get("peak_memory_gib"):
+                row["memory_vs_naive"] = row["peak_memory_gib"] / naive["peak_memory_gib"]
+        generate = by_id.get(f"{shape}/generate")
+        if row["id"].endswith("/engine") and generate is not None:
+            row["speed_vs_generate"] = row["tokens_per_s"] / generate["tokens_per_s"]
 
 
 def table(results: dict[str, Any]) -> str:
     lines = [
-        f"{results['device']}, torch {results['torch']}, transformers {results['transformers']}, "
-        f"{results['date']}, shape {results['shape']}",
-        "| update step | tokens/s | vs naive | peak GiB | vs naive | MFU |",
-        "|---|---|---|---|---|---|",
+        f"{results['device']}, torch {results['torch']}, transformers "
+        f"{results['transformers']}, {results['date']}, {results['elapsed_s']:.0f} s in all",
+        "| row | status | first step s | tokens/s | vs baseline | peak GiB | vs baseline | MFU "
+        "| notes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
 
     def cell(row: dict, key: str, fmt: str) -> str:
-        return format(row[key], fmt) if key in row else "-"
+        value = row.get(key)
+        return format(value, fmt) if isinstance(value, int | float) else "-"
 
-    for row in results.get("update", []):
-        if "error" in row:
-            lines.append(f"| {row['label']} | {row['error']} | | | | |")
+    for row in results["rows"]:
+        if row["status"] != "ok":
+            note = row.get("error", "")
+            if row.get("reached"):
+                note += f"; last reached: {row['reached']}"
+            lines.append(f"| {row['id']} | {row['status']} | | | | | | | {note} |")
             continue
-        lines.append(
-            f"| {row['label']} | {row['tokens_per_s']:,.0f} | {cell(row, 'speed_vs_naive', '.2f')}"
-            f" | {row['peak_memory_gib']:.1f} | {cell(row, 'memory_vs_naive', '.2f')}"
-            f" | {cell(row, 'mfu', '.1%')} |"
-        )
-    if results.get("generate"):
-        lines += ["", "| generation | tokens/s | vs model.generate |", "|---|---|---|"]
-        for row in results["generate"]:
-            speed = row.get("tokens_per_s", math.nan)
-            lines.append(
-                f"| {row['label']} | {speed:,.0f} | {cell(row, 'speed_vs_generate', '.2f')} |"
+        notes = []
+        if "attention" in row:
+            notes.append(
+                f"{row['attention']}, {row['micro_batches']} micro-batches of "
+                f"<= {row['micro_batch_tokens']} tokens"
             )
+            if row["activation_checkpointing"]:
+                notes.append("checkpointing on")
+            notes.append(f"plan: {row['memory_plan']}, est. {row['estimated_peak_gib']:.1f} GiB")
+            notes.append(f"compile {row['compile_s']:.1f} s")
+        if "naive_rows" in row:
+            notes.append(f"{row['naive_rows']} rows per micro-batch")
+        if "first_pass_s" in row:
+            notes.append(
+                f"first pass {row['first_pass_s']:.1f} s, compile "
+                f"{row['compile_s']:.1f} s, {row['decode']}"
+            )
+        if "gather_full_weights_s" in row:
+            notes.append(
+                f"gather {row['gather_full_weights_s']:.2f} s, update_weights "
+                f"{row['engine_update_weights_s']:.2f} s"
+            )
+        versus = "speed_vs_generate" if "speed_vs_generate" in row else "speed_vs_naive"
+        lines.append(
+            f"| {row['id']} | ok | {cell(row, 'time_to_first_step_s', '.1f')}"
+            f" | {cell(row, 'tokens_per_s', ',.0f')} | {cell(row, versus, '.2f')}"
+            f" | {cell(row, 'peak_memory_gib', '.1f')} | {cell(row, 'memory_vs_naive', '.2f')}"
+            f" | {cell(row, 'mfu', '.1%')} | {'; '.join(notes)} |"
+        )
     return "\n".join(lines)
+
+
+def parse_caps(values: list[str]) -> dict[str, float]:
+    caps = {}
+    for value in values:
+        name, _, seconds = value.partition("=")
+        try:
+            caps[name] = float(seconds)
+        except ValueError:
+            raise SystemExit(f"--cap {value!r}: expected ROW=SECONDS, e.g. 0.6b/flex=300") from None
+    return caps
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", choices=["0.6b", "4b"], default="0.6b", help="Model shape.")
     parser.add_argument(
-        "--tiny", action="store_true", help="A tiny model and workload (CPU smoke run)."
+        "--shapes",
+        nargs="+",
+        choices=["0.6b", "4b"],
+        default=["0.6b", "4b"],
+        help="Model shapes: the first gets every row, the second its update rows.",
+    )
+    parser.add_argument("--tiny", action="store_true", help="A tiny model (CPU smoke run).")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="ROW",
+        help="Run these rows only (ids or patterns, e.g. '4b/*').",
     )
     parser.add_argument(
-        "--parts",
-        nargs="+",
-        choices=["update", "generate"],
-        default=["update", "generate"],
-        help="What to measure.",
+        "--budget-s", type=float, default=440.0, help="Wall-clock cap of the whole run, in seconds."
+    )
+    parser.add_argument(
+        "--cap",
+        action="append",
+        default=[],
+        metavar="ROW=SECONDS",
+        help="Time cap of one row (repeatable).",
     )
     parser.add_argument("--sequences", type=int, default=32, help="Sequences per update step.")
     parser.add_argument("--length", type=int, default=1024, help="Tokens per sequence.")
-    parser.add_argument("--micro-batch-tokens", type=int, default=16384)
-    parser.add_argument("--warmup", type=int, default=1, help="Update steps not timed.")
+    parser.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=16384,
+        help="rstar2's micro-batch budget before the memory plan.",
+    )
+    parser.add_argument(
+        "--naive-rows",
+        type=int,
+        default=None,
+        help="Sequences per naive micro-batch (default: by shape and GPU memory).",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="Steps before the timed ones (at least 1: the first, timed on its own).",
+    )
     parser.add_argument("--steps", type=int, default=3, help="Timed update steps.")
     parser.add_argument("--requests", type=int, default=256, help="Generation requests.")
     parser.add_argument("--prompt", type=int, default=256, help="Prompt tokens per request.")
-    parser.add_argument("--new-tokens", type=int, default=512, help="Tokens generated each.")
+    parser.add_argument("--new-tokens", type=int, default=256, help="Tokens generated each.")
     parser.add_argument(
         "--peak-tflops",
         type=float,
         default=None,
-        help="Dense bf16 peak of the GPU for MFU (default: by its name: H100/H200 989, A100 "
-        "312, MI300X 1307).",
+        help="Dense bf16 peak of the GPU for MFU (default: by its name: "
+        "H100/H200 989, A100 312, MI300X 1307).",
     )
     parser.add_argument("--json", default=None, help="Also write the results here.")
     args = parser.parse_args()
+    if args.warmup < 1:
+        parser.error("--warmup: at least 1 (the first step is timed on its own)")
     if args.tiny:
-        args.shape = "tiny"
+        args.shapes = ["tiny"]
         args.sequences, args.length, args.micro_batch_tokens = 8, 64, 256
         args.requests, args.prompt, args.new_tokens = 4, 8, 8
-        args.warmup, args.steps = 0, 1
-    settings = SHAPES[args.shape]
+        args.warmup, args.steps = 1, 1
+    # Rows fork from a server process that never touches CUDA, so this process may.
+    on_gpu = torch.cuda.is_available()
+    rows = default_rows(args.shapes, on_gpu=on_gpu)
+    if args.only:
+        rows = [r for r in rows if any(fnmatch.fnmatch(r.id, p) for p in args.only)]
+    settings = {k: v for k, v in vars(args).items() if k not in ("json", "cap", "only")}
+    started = time.perf_counter()
+    outcomes = run_rows(
+        rows,
+        settings,
+        budget_s=args.budget_s,
+        caps=parse_caps(args.cap),
+        target=child,
+        preload=PRELOAD,
+    )
+    name = torch.cuda.get_device_name() if on_gpu else "cpu"
     results: dict[str, Any] = {
-        "device": torch.cuda.get_device_name() if cuda() else "cpu",
+        "device": name,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "date": datetime.date.today().isoformat(),
-        "shape": args.shape,
+        "elapsed_s": time.perf_counter() - started,
         "args": vars(args),
+        "rows": outcomes,
+        "row_settings": [asdict(row) for row in rows],
     }
-    weights: dict[str, torch.Tensor] = {}
-    if "update" in args.parts:
-        rows = [guarded(lambda: naive_update(settings, args), "naive")]
-        print(json.dumps(rows[0]), flush=True)
-        for variant in VARIANTS[args.shape]:
-            outcome = guarded(lambda v=variant: rstar2_update(settings, args, v), variant.label)
-            row = outcome if isinstance(outcome, dict) else outcome[0]
-            if not isinstance(outcome, dict) and not weights:
-                weights = outcome[1]
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        results["update"] = rows
-    if "generate" in args.parts:
-        results["generate"] = [
-            guarded(lambda: hf_generate(settings, args), "model.generate"),
-            guarded(lambda: asyncio.run(engine_generate(settings, args, weights)), "engine"),
-        ]
-        print(json.dumps(results["generate"]), flush=True)
-    add_ratios(results, peak_tflops(args))
+    add_ratios(outcomes, peak_tflops(args, name))
     print(table(results), flush=True)
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=2)
+        Path(args.json).write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -7,11 +7,16 @@ rstar2-eval's grader on the completion, 0 when the completion ran out of budget,
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from arms import RunSpec
 from datasets import Dataset
 from rstar2_side import warm_grader
 from transformers import (
@@ -121,7 +126,27 @@ class _StepClock(TrainerCallback):
             self.logs.append(dict(logs))
 
 
-def run_trl(prepared: Prepared, *, steps: int, out_dir: Path) -> list[StepRecord]:
+def _timed_generate(
+    generate: Callable[..., Any], threads: int, seconds: list[float]
+) -> Callable[..., Any]:
+    """``generate`` on ``threads`` torch threads (the update keeps torch's setting, as the rstar2
+    engine does), its wall time appended to ``seconds``."""
+
+    @functools.wraps(generate)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        started = time.perf_counter()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - started)
+            torch.set_num_threads(previous)
+
+    return wrapped
+
+
+def run_trl(prepared: Prepared, spec: RunSpec, *, steps: int, out_dir: Path) -> list[StepRecord]:
     """Train ``steps`` steps with ``GRPOTrainer``; one record per step."""
     tokenizer = AutoTokenizer.from_pretrained(prepared.checkpoint)
     model = AutoModelForCausalLM.from_pretrained(prepared.checkpoint, dtype=torch.float32)
@@ -129,12 +154,25 @@ def run_trl(prepared: Prepared, *, steps: int, out_dir: Path) -> list[StepRecord
     stops = list(chat.stop_token_ids)
     # TRL stops generation, and ends the completion mask, at the model's eos ids.
     model.generation_config.eos_token_id = stops
+    # GRPOTrainer generates with the unwrapped model's generate (no vLLM, no paged batching).
+    generating: list[float] = []
+    generate = model.generate  # type: ignore[misc]  # transformers' generation mixin typing
+    model.generate = _timed_generate(  # type: ignore[method-assign,misc]
+        generate, spec.generation_threads, generating
+    )
     grader = warm_grader(GraderConfig(workers=1))  # rl.grader.workers of the tiny-rl stage
+    # Per step: (completions, their tokens, grading seconds). Every completion enters TRL's
+    # loss (no group is dropped) and its completion_ids are the masked tokens, stop included.
+    batches: list[tuple[int, int, float]] = []
 
     def reward(
         completions: list[str], completion_ids: list[list[int]], answer: list[str], **kw: Any
-    ) -> list[float]:
+    ) -> list[float | None]:
+        started = time.perf_counter()
         grades = grader.grade_many(completions, answer)
+        batches.append(
+            (len(completions), sum(map(len, completion_ids)), time.perf_counter() - started)
+        )
         return [
             1.0 if grade.correct and ids and ids[-1] in stops else 0.0
             for grade, ids in zip(grades, completion_ids, strict=True)
@@ -151,17 +189,29 @@ def run_trl(prepared: Prepared, *, steps: int, out_dir: Path) -> list[StepRecord
     )
     try:
         started = time.perf_counter()
-        trainer.train()
+        # Trainer prints its logs when its progress bar is off: keep stdout for the results.
+        with contextlib.redirect_stdout(sys.stderr):
+            trainer.train()
     finally:
         grader.close()
+    if not len(clock.stamps) == len(generating) == len(batches):
+        raise RuntimeError(
+            f"TRL ran {len(clock.stamps)} steps but {len(generating)} generate calls and "
+            f"{len(batches)} reward calls: the per-step records would not line up"
+        )
     records = []
     previous = started
-    for stamp, logs in zip(clock.stamps, clock.logs, strict=True):
+    for stamp, logs, generate_s, (rollouts, tokens, reward_s) in zip(
+        clock.stamps, clock.logs, generating, batches, strict=True
+    ):
         records.append(
             StepRecord(
                 seconds=stamp - previous,
                 reward=logs["reward"],
                 completion_tokens=logs["completions/mean_length"],
+                trained_rollouts=float(rollouts),
+                trained_tokens=float(tokens),
+                phases={"time/generate_s": generate_s, "time/reward_s": reward_s},
             )
         )
         previous = stamp

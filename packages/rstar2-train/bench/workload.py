@@ -70,6 +70,11 @@ class StepRecord(BaseModel):
     """Mean reward of the step's rollouts."""
     completion_tokens: float
     """Mean generated tokens per rollout (the stop token included)."""
+    trained_rollouts: float
+    """Rollouts in the step's loss (zero-advantage ones included where the framework keeps
+    them: they add nothing to the gradient but count in the token-mean's denominator)."""
+    trained_tokens: float
+    """Tokens in the step's loss (its token-mean's denominator)."""
     phases: dict[str, float] = Field(default_factory=dict)
     """The framework's own per-phase timings for the step, where it reports them."""
 

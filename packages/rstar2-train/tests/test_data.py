@@ -55,3 +55,27 @@ def test_a_recipe_is_built_once_into_the_run(tmp_path: Path) -> None:
     assert [r.id for r in again] == [r.id for r in rows]
     assert len(rows) == 12
     assert built.stat().st_mtime_ns == stamp  # not rebuilt
+
+
+def test_a_recipe_over_a_changed_file_is_rebuilt(tmp_path: Path) -> None:
+    source = tmp_path / "problems.jsonl"
+    recipe = tmp_path / "local.yaml"
+    recipe.write_text(
+        f"name: local\nkind: math\nseed: 0\nsources:\n  - name: mine\n    path: {source}\n"
+        "    fields: {problem: problem, answer: answer, id: id}\n"
+        "output:\n  format: jsonl\n  shuffle: false\n"
+    )
+
+    def write(n: int) -> None:
+        source.write_text(
+            "".join(
+                f'{{"id": "q{i}", "problem": "What is {i}+1?", "answer": "{i + 1}"}}\n'
+                for i in range(n)
+            )
+        )
+
+    write(6)
+    assert len(load_rows(DataSource(recipe=str(recipe)), "math", tmp_path / "data")) == 6
+    write(3)  # the same path, fewer rows: the run must not reuse the six-row build
+    rows = load_rows(DataSource(recipe=str(recipe)), "math", tmp_path / "data")
+    assert [r.id for r in rows] == ["q0", "q1", "q2"]

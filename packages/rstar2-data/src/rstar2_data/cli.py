@@ -15,6 +15,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from rstar2_data.build import BuildError, build, load_built, read_manifest
+from rstar2_data.filter_stage import CHECKPOINT_ROWS
 from rstar2_data.hub import HubUnreachableError
 from rstar2_data.jsonl import DataFileError
 from rstar2_data.paths import checked_output_dir
@@ -64,22 +65,55 @@ def build_command(
         typer.Option(help="NAME=VALUE filling ${NAME} in the recipe; repeatable."),
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Override the recipe's seed.")] = None,
-    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each step.")] = False,
+    num_proc: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Processes for the filters' per-row work (normalizing, decontamination "
+            "tests), through datasets' multiprocess map; the output does not depend on it.",
+        ),
+    ] = 1,
+    checkpoint_rows: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Rows between checkpoints of the filter stage: an interrupted build resumes "
+            "from the last one.",
+        ),
+    ] = CHECKPOINT_ROWS,
+    progress: Annotated[
+        bool, typer.Option(help="Show one progress line per stage (on stderr).")
+    ] = True,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Log each stage and checkpoint.")
+    ] = False,
 ) -> None:
-    """Build RECIPE into OUT: same recipe, inputs and seed give the same bytes."""
+    """Build RECIPE into OUT: same recipe, inputs and seed give the same bytes.
+
+    Finished stages are kept in OUT/.cache under keys of their inputs' content, so running the
+    same command again after an interruption (Ctrl-C) resumes where it stopped, and a changed
+    source or recipe rebuilds what depends on it."""
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
-        handlers=[RichHandler(console=console, show_path=False)],
+        handlers=[RichHandler(console=errors, show_path=False)],
         format="%(message)s",
     )
     try:
         loaded = load_recipe(recipe, variables=_variables(var or []))
         if seed is not None:
             loaded = loaded.model_copy(update={"seed": seed})
-        manifest = build(loaded, out, progress=progress)
+        manifest = build(
+            loaded, out, progress=progress, num_proc=num_proc, checkpoint_rows=checkpoint_rows
+        )
     except InputErrors as error:
         raise _fail(error) from None
+    except KeyboardInterrupt:
+        errors.print(
+            f"interrupted; run the same command again to resume from {out / '.cache'}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
     _print_manifest(out)
     console.print(f"wrote {manifest.rows} rows to {out / manifest.data_file}")
 
@@ -97,11 +131,15 @@ def _print_manifest(out: Path) -> None:
     console.print(FittedTable(sources))
     if manifest.filters:
         filters = Table(title="filters")
-        for column in ("filter", "in", "kept", "removed"):
+        also = any(f.also_matched for f in manifest.filters)
+        for column in ("filter", "in", "kept", "removed", *(["also matched"] if also else [])):
             filters.add_column(column)
         for f in manifest.filters:
             removed = ", ".join(f"{k}: {v}" for k, v in f.removed.items()) or "-"
-            filters.add_row(f.name, str(f.rows_in), str(f.kept), removed)
+            matched = ", ".join(f"{k}: {v}" for k, v in f.also_matched.items()) or "-"
+            filters.add_row(
+                f.name, str(f.rows_in), str(f.kept), removed, *([matched] if also else [])
+            )
         console.print(FittedTable(filters))
     console.print(f"rows: {manifest.rows}  sha256: {manifest.content_sha256}")
 

@@ -78,18 +78,22 @@ def unreachable_message(what: str, problem: str, hint: str) -> str:
     return f"could not reach {what} on the Hugging Face hub ({problem}); {hint}"
 
 
-def iter_hub_dataset(
-    path: str, *, config: str | None, split: str, hint: str
-) -> Iterator[dict[str, Any]]:
-    """Rows of a hub dataset split through ``datasets`` (from its cache when the hub cannot be
-    reached); ``HubUnreachableError`` ending with ``hint`` when neither works."""
+def load_hub_dataset(path: str, *, config: str | None, split: str, hint: str) -> Any:
+    """A hub dataset split (a ``datasets.Dataset``) through ``datasets``, from its cache when
+    the hub cannot be reached; ``HubUnreachableError`` ending with ``hint`` when neither works."""
     import datasets  # imported here: slow to import and only needed for hub datasets
 
     problem = hub_problem()
     try:
-        dataset = datasets.load_dataset(path, config, split=split)
+        return datasets.load_dataset(path, config, split=split)
     except ConnectionError as error:  # datasets' own "Couldn't reach ... on the Hub"
         raise HubUnreachableError(
             unreachable_message(f"dataset {path}", problem or str(error), hint)
         ) from None
-    yield from dataset
+
+
+def iter_hub_dataset(
+    path: str, *, config: str | None, split: str, hint: str
+) -> Iterator[dict[str, Any]]:
+    """Rows of a hub dataset split (``load_hub_dataset``)."""
+    yield from load_hub_dataset(path, config=config, split=split, hint=hint)

@@ -34,7 +34,7 @@ def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.strip():
                 continue
             try:
-                value = _loads(line)
+                value = loads_json_line(line)
             except json.JSONDecodeError as error:
                 raise DataFileError(path, f"invalid JSON: {error.msg}", line=number) from None
             if not isinstance(value, dict):
@@ -44,7 +44,7 @@ def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield number, value
 
 
-def _loads(line: str) -> Any:
+def loads_json_line(line: str | bytes) -> Any:
     """``json.loads``, keeping an integer literal too long for ``int`` as its digit string.
 
     Python refuses to convert more than ``sys.get_int_max_str_digits()`` digits (4,300 by

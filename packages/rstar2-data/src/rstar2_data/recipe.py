@@ -28,7 +28,14 @@ from rstar2_data.converters.base import RowKind
 from rstar2_data.demo.generator import DEFAULT_HELDOUT_SHARE, Split
 from rstar2_data.demo.tasks import FAMILIES, Level
 from rstar2_data.errors import describe_yaml_error
-from rstar2_data.filters import DEFAULT_MAX_ABS, DEFAULT_NGRAM, DedupMode
+from rstar2_data.filters import (
+    DEFAULT_BOILERPLATE,
+    DEFAULT_COVERAGE,
+    DEFAULT_MAX_ABS,
+    DEFAULT_NGRAM,
+    DEFAULT_SHORT_WORDS,
+    DedupMode,
+)
 
 
 class RecipeError(ValueError):
@@ -133,8 +140,28 @@ class DedupSpec(_Strict):
 class DecontaminateSpec(_Strict):
     type: Literal["decontaminate"]
     benchmarks: list[BenchmarkSpec] = Field(min_length=1)
-    n: int = Field(default=DEFAULT_NGRAM, ge=1)
-    min_matches: int = Field(default=1, ge=1)
+    n: int = Field(default=DEFAULT_NGRAM, ge=1, description="Word n-gram size.")
+    min_matches: int = Field(
+        default=1, ge=1, description="Shared informative n-grams that mark a row a copy."
+    )
+    boilerplate: int = Field(
+        default=DEFAULT_BOILERPLATE,
+        ge=2,
+        description="An n-gram in this many benchmark problems or more is stock phrasing and "
+        "does not count.",
+    )
+    coverage: float = Field(
+        default=DEFAULT_COVERAGE,
+        ge=0,
+        le=1,
+        description="Share of a benchmark problem's informative n-grams a row must hold.",
+    )
+    short_words: int = Field(
+        default=DEFAULT_SHORT_WORDS,
+        ge=0,
+        description="Benchmark problems shorter than this many words also get the near-copy "
+        "test (0: none).",
+    )
 
 
 def _resolve_all(values: list[Path], info: ValidationInfo) -> list[Path]:

@@ -21,7 +21,14 @@ from rstar2_eval.verification import GoldParseError
 
 Verifier = Callable[[str, str], bool]
 """``(answer, gold) -> equal``: a module-level function importable by name (workers import it
-with its module) and callable on the warm-up item ``("1/2", "\\frac{1}{2}")`` without raising."""
+with its module) and callable on every ``WARM_UP_ITEMS`` pair without raising."""
+
+WARM_UP_ITEMS = (("1/2", "\\frac{1}{2}"), ("12ab34", "1234"))
+"""What a worker verifies before it takes work. The second pair, letters inside an integer
+against an integer (a common garbled answer), takes math-verify's symbolic path: the letters
+parse as a product of symbols and ``sympy.simplify`` runs, whose first call in a process imports
+sympy modules (``sympy.physics.units``, ``sympy.combinatorics``). Without it the first such
+answer a fresh worker grades pays that: about 0.5 s on a loaded 2-core machine."""
 
 VerifyStatus = Literal["correct", "incorrect", "timeout", "ungradable"]
 """What a worker reports for one item."""
@@ -132,7 +139,8 @@ def serve(
     # Warm up (imports, parser caches) with no alarm: an alarm landing inside an import would
     # leave modules half-initialized; the pool's start timeout bounds this instead. An error
     # here (a broken install) ends the worker before READY with its traceback in the log.
-    verifier("1/2", "\\frac{1}{2}")
+    for answer, gold in WARM_UP_ITEMS:
+        verifier(answer, gold)
     connection.send(READY)
     while True:
         try:

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from rstar2_sandbox.api import codejudge, native, sandboxfusion
 from rstar2_sandbox.api.common import DISPATCHER, METRICS, RESPONSE_BUDGET, SETTINGS
+from rstar2_sandbox.api.limits import BODY_LIMITS, SPOOL_DIR
 from rstar2_sandbox.api.streaming import ResponseBudget
 from rstar2_sandbox.dispatch import Dispatcher
 from rstar2_sandbox.metrics import Metrics
@@ -27,7 +28,7 @@ async def json_errors(
     except web.HTTPException as exc:
         if exc.content_type == "application/json" or exc.status < 400:
             raise
-        # aiohttp's own errors (404, 405, 413 while reading) come as text: re-wrap them.
+        # aiohttp's own errors (404, 405) come as text: re-wrap them.
         headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
         body = {"error": exc.reason.lower().replace(" ", "_"), "message": exc.text or exc.reason}
         return web.json_response(body, status=exc.status, headers=headers)
@@ -44,6 +45,9 @@ def create_app(dispatcher: Dispatcher, settings: ServerSettings | None = None) -
     """
     settings = settings or ServerSettings()
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[json_errors])
+    bodies = {**native.BODIES, **codejudge.BODIES, **sandboxfusion.BODIES}
+    app[BODY_LIMITS] = {path: body.limit(settings) for path, body in bodies.items()}
+    app[SPOOL_DIR] = settings.spool_dir or ""
     app[DISPATCHER] = dispatcher
     app[SETTINGS] = settings
     app[METRICS] = Metrics(dispatcher.stats)

@@ -18,7 +18,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from rstar2_sandbox.agent_template import rstar2_agent_wrap
-from rstar2_sandbox.models import RunRequest, RunStatus
+from rstar2_sandbox.models import DEFAULT_TIMEOUT_S, RunRequest, RunStatus
 from rstar2_sandbox.protocol import Sandbox
 
 SNIPPETS: dict[str, str] = {
@@ -45,6 +45,15 @@ class BenchRow(BaseModel):
     p50_ms: float
     p90_ms: float
     p99_ms: float
+
+
+def memory_mib(pid: int, field: str) -> float:
+    """A process's ``VmRSS`` (now) or ``VmHWM`` (its peak), in MiB (Linux)."""
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise KeyError(f"{field} is not in /proc/{pid}/status")
 
 
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -105,10 +114,17 @@ async def measure_sequential(
 
 
 async def measure_batch(
-    sandbox: Sandbox, target: str, snippet: str, calls: int, chunk: int
+    sandbox: Sandbox,
+    target: str,
+    snippet: str,
+    calls: int,
+    chunk: int,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> BenchRow:
-    """``run_many`` over ``calls`` requests in chunks of ``chunk``: throughput."""
-    request = RunRequest(code=SNIPPETS[snippet])
+    """``run_many`` over ``calls`` requests (each with ``timeout_s``) in chunks of ``chunk``:
+    throughput."""
+    request = RunRequest(code=SNIPPETS[snippet], timeout_s=timeout_s)
     latencies: list[float] = []
     failed = 0
     started = time.perf_counter()

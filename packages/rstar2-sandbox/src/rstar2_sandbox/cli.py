@@ -162,14 +162,22 @@ def serve(
     ] = 16384,
     max_batch: Annotated[int, typer.Option(help="Most calls in one batch request.")] = 4096,
     max_body_mb: Annotated[
-        int, typer.Option(min=1, help="Largest request body in MiB; beyond it: 413.")
-    ] = 256,
+        int,
+        typer.Option(
+            min=1,
+            help="Largest request body in MiB. Each endpoint refuses a body over its own limit "
+            "(what its calls' code and stdin limits and --max-batch allow, at most this) with a "
+            "413, judged by Content-Length before reading and by a running count while reading.",
+        ),
+    ] = 64,
     response_buffer_mb: Annotated[
         int,
         typer.Option(
             min=1,
-            help="Memory in MiB for batch results that finish before their turn to be streamed "
-            "(all responses together); beyond it they wait in temporary files.",
+            help="Batch results that finished and wait to be streamed, in MiB: the memory they "
+            "may take over all responses (beyond it they wait in temporary files), and each "
+            "batch's window: a batch admits no further call while its own waiting results "
+            "(say, for a client that does not read) reach this.",
         ),
     ] = 64,
     spool_dir: Annotated[

@@ -35,6 +35,16 @@ class IsolationReport(BaseModel):
         default_factory=lambda: IsolationFeature(active=False, detail="not reported"),
         description="Each run has its own /tmp and /dev/shm, with quotas, freed when it ends.",
     )
+    filesystem_root: IsolationFeature = Field(
+        default_factory=lambda: IsolationFeature(active=False, detail="not reported"),
+        description="Runs start in a read-only root holding only what Python and the preloaded "
+        "packages need (the detail lists it), with private /proc, /tmp and /dev/shm.",
+    )
+    pid_namespace: IsolationFeature = Field(
+        default_factory=lambda: IsolationFeature(active=False, detail="not reported"),
+        description="Each fork-server and its runs have a PID namespace of their own: a run "
+        "sees (in /proc) and can signal only its own processes, never the host's.",
+    )
     subreaper: IsolationFeature = Field(
         description="Orphaned descendants re-parent to the fork-server, which kills and reaps them."
     )

@@ -20,7 +20,10 @@ class ServerSettings(BaseModel):
     )
     max_batch: int = Field(default=4096, ge=1, description="Most calls in one batch request.")
     max_body_bytes: int = Field(
-        default=256 << 20, ge=1 << 16, description="Largest request body accepted."
+        default=64 << 20,
+        ge=1 << 16,
+        description="Largest request body accepted; each endpoint's own limit follows from the "
+        "code, stdin and batch limits, up to this.",
     )
     compat_timeout_s: float = Field(
         default=DEFAULT_TIMEOUT_S,
@@ -37,8 +40,9 @@ class ServerSettings(BaseModel):
     response_buffer_mb: int = Field(
         default=64,
         ge=1,
-        description="Memory for batch results that finish before their turn to be streamed, "
-        "over all responses (MiB); beyond it they wait in a temporary file.",
+        description="Batch results that finished and wait to be streamed (MiB): the memory "
+        "they may take over all responses (beyond it they wait in a temporary file), and each "
+        "batch's window: it admits no further call while its own waiting results reach this.",
     )
     spool_dir: str | None = Field(
         default=None,

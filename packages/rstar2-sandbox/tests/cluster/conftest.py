@@ -24,6 +24,8 @@ from redis.asyncio import Redis
 
 from rstar2_sandbox.cluster import ClusterSettings
 
+from .helpers import Processes
+
 REQUIRE_ENV = "RSTAR2_REQUIRE_REDIS"
 
 
@@ -92,3 +94,10 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
     redis_client = Redis.from_url(redis_url, decode_responses=True)
     yield redis_client
     await redis_client.aclose()
+
+
+@pytest.fixture
+def processes(redis_url: str, tmp_path: Path) -> Iterator[Processes]:
+    procs = Processes(redis_url, f"faults:{uuid.uuid4().hex[:8]}", tmp_path)
+    yield procs
+    procs.kill_all()

@@ -7,15 +7,9 @@ call: every call completes exactly once and reaches its client.
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
-import subprocess
-import sys
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
-import aiohttp
 import pytest
 from redis.asyncio import Redis
 
@@ -23,82 +17,9 @@ from rstar2_sandbox.client import SandboxClient
 from rstar2_sandbox.models import RunRequest, RunStatus
 
 from .conftest import free_port
+from .helpers import Processes, completions, wait_for_workers
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.cluster, pytest.mark.slow]
-
-LEASE_S = 1.5
-
-
-class Processes:
-    """rstar2-sandbox processes of one test; whatever is still running is killed at the end."""
-
-    def __init__(self, redis_url: str, prefix: str, logs: Path) -> None:
-        self.redis_url = redis_url
-        self.prefix = prefix
-        self.logs = logs
-        self.started: list[subprocess.Popen[bytes]] = []
-
-    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "rstar2_sandbox.cli", *args]
-        command += ["--redis", self.redis_url, "--redis-prefix", self.prefix]
-        with (self.logs / f"{name}.log").open("ab") as log:
-            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        self.started.append(proc)
-        return proc
-
-    def front_end(self, port: int) -> subprocess.Popen[bytes]:
-        return self.spawn("front", "serve", "--port", str(port), "--log-level", "WARNING")
-
-    def worker(self, name: str) -> subprocess.Popen[bytes]:
-        return self.spawn(
-            name,
-            "worker",
-            *("--servers", "1", "--slots", "4", "--batch-size", "8", "--preload", ""),
-            *("--lease-s", str(LEASE_S), "--log-level", "WARNING"),
-        )
-
-    def log(self, name: str) -> str:
-        return (self.logs / f"{name}.log").read_text(errors="replace")
-
-    def kill_all(self) -> None:
-        for proc in self.started:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=30)
-
-
-@pytest.fixture
-def processes(redis_url: str, tmp_path: Path) -> Iterator[Processes]:
-    procs = Processes(redis_url, f"faults:{uuid.uuid4().hex[:8]}", tmp_path)
-    yield procs
-    procs.kill_all()
-
-
-async def cluster_info(url: str) -> dict[str, int] | None:
-    try:
-        async with aiohttp.ClientSession() as session, session.get(f"{url}/v1/info") as response:
-            info = await response.json()
-            return dict(info["dispatcher"])
-    except aiohttp.ClientError:
-        return None
-
-
-async def wait_for_workers(url: str, count: int, timeout_s: float = 90) -> None:
-    """Until the front end answers and counts ``count`` live workers (start-up is slow here)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while asyncio.get_running_loop().time() < deadline:
-        info = await cluster_info(url)
-        if info is not None and info["workers"] == count:
-            return
-        await asyncio.sleep(0.2)
-    pytest.fail(f"front end at {url} never counted {count} workers; last seen {info}")
-
-
-async def completions(redis: Redis, prefix: str) -> dict[str, dict[str, object]]:
-    """The completion markers in Redis: request id -> {worker, deliveries}."""
-    keys = [key async for key in redis.scan_iter(f"{prefix}:done:*", count=1000)]
-    values = await redis.mget(keys) if keys else []
-    return {key: json.loads(value) for key, value in zip(keys, values, strict=True) if value}
 
 
 async def wait_until_written(redis: Redis, prefix: str, count: int) -> None:

@@ -10,8 +10,7 @@ import json
 
 import pytest
 import vllm_standin
-from transformers import Qwen2Config
-from vllm_standin import StandInAsyncLLM
+from vllm_standin import SMALLEST, StandInAsyncLLM
 
 from rstar2_scheduler.engine import GenerationRequest, SamplingParams
 from rstar2_scheduler.engines.vllm import VLLMEngine, VLLMEngineConfig, engine_arguments
@@ -19,15 +18,6 @@ from rstar2_scheduler.engines.vllm_worker import WORKER_EXTENSION, WeightSyncExt
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="needs the vllm extra")
-
-CONFIG = Qwen2Config(
-    vocab_size=64,
-    hidden_size=16,
-    intermediate_size=32,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-)
 
 
 class CustomExtension(WeightSyncExtension):
@@ -108,7 +98,7 @@ def test_the_stand_in_uses_vllms_encoder() -> None:
 @needs_vllm
 @pytest.mark.asyncio
 async def test_generate_and_sleep_through_async_llm_calls() -> None:
-    llm = StandInAsyncLLM(CONFIG)
+    llm = StandInAsyncLLM(SMALLEST)
     engine = VLLMEngine(VLLMEngineConfig(model="m"), llm=llm, transport=llm.memory.engine())
     ask = GenerationRequest(
         request_id="a", prompt_ids=(5, 6), sampling=SamplingParams(max_new_tokens=2)

@@ -3,22 +3,26 @@
 The stand-in (tests/helpers/vllm_standin.py) applies vLLM's rules as read in its source: the
 RPC arguments cross vLLM's msgpack encoder (the real one where the extra is installed), each
 tensor-parallel rank keeps its shard of fused, sharded layers through ``load_weights``, a tied
-alias must come with the weight it is tied to, sleeping memory cannot be written, and wake-up
-answers whether everything is back. The real worker extension runs in each stand-in worker; only
-CUDA IPC is replaced, by host memory.
+alias must come with the weight it is tied to, sleeping memory cannot be written, wake-up
+answers whether everything is back, and waking into too little GPU memory fails. The real worker
+extension runs in each stand-in worker; only CUDA IPC is replaced, by host memory. Every test
+runs on the stand-in's own model and, where vLLM is installed, on one built from vLLM's own
+layers that loads through vLLM's own ``AutoWeightsLoader``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import itertools
 import math
 
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from vllm_standin import HostMemory, StandInAsyncLLM, expected_shards
+from vllm_standin import HostMemory, ModelKind, StandInAsyncLLM, expected_shards
 
-from rstar2_scheduler.engine import GenerationRequest, SamplingParams
+from rstar2_scheduler.engine import GenerationRequest, GenerationResult, SamplingParams
 from rstar2_scheduler.engines.vllm import VLLMEngine, VLLMEngineConfig
 from rstar2_scheduler.engines.vllm_sync import fused_members, fusion_key, plan_buckets
 from rstar2_scheduler.engines.vllm_wire import WeightBucket
@@ -35,6 +39,19 @@ CONFIG = Qwen2Config(
     tie_word_embeddings=True,
 )
 BUCKET_MB = 0.05  # about 52 KB: the 0.2 MB model goes in several buckets
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture(
+    params=[
+        "stand-in",
+        pytest.param("vllm", marks=pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM")),
+    ]
+)
+def kind(request: pytest.FixtureRequest) -> ModelKind:
+    """Whose model the stand-in workers hold: its own, or one of vLLM's own layers."""
+    kind: ModelKind = request.param
+    return kind
 
 
 def trainer_weights(seed: int) -> dict[str, torch.Tensor]:
@@ -65,8 +82,8 @@ def request(request_id: str = "r") -> GenerationRequest:
     )
 
 
-async def test_one_sync_loads_every_rank_shard_in_one_cycle() -> None:
-    llm = StandInAsyncLLM(CONFIG, tp=2)
+async def test_one_sync_loads_every_rank_shard_in_one_cycle(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2, model=kind)
     engine = engine_on(llm)
     full = trainer_weights(1)
     await engine.update_weights(full.items(), version="7")
@@ -79,6 +96,7 @@ async def test_one_sync_loads_every_rank_shard_in_one_cycle() -> None:
         "rstar2_worker_info",
         "pause_generation",
         *["rstar2_load_weights"] * loads,
+        "rstar2_release_memory",
         "reset_prefix_cache",
         "update_weight_version",
         "resume_generation",
@@ -125,8 +143,8 @@ async def test_one_sync_loads_every_rank_shard_in_one_cycle() -> None:
     assert engine.last_sync.tensors == len(full)
 
 
-async def test_partial_updates_keep_the_rest_and_fused_parts_load_apart() -> None:
-    llm = StandInAsyncLLM(CONFIG, tp=2)
+async def test_partial_updates_keep_the_rest_and_fused_parts_load_apart(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2, model=kind)
     engine = engine_on(llm)
     first, second = trainer_weights(1), trainer_weights(2)
     await engine.update_weights(first.items())
@@ -138,8 +156,8 @@ async def test_partial_updates_keep_the_rest_and_fused_parts_load_apart() -> Non
     assert_ranks_hold(llm, mixed)
 
 
-async def test_a_tied_alias_alone_loads_into_the_weight_it_is_tied_to() -> None:
-    llm = StandInAsyncLLM(CONFIG, tp=2)
+async def test_a_tied_alias_alone_loads_into_the_weight_it_is_tied_to(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2, model=kind)
     engine = engine_on(llm)
     full = trainer_weights(1)
     await engine.update_weights(full.items())
@@ -151,8 +169,8 @@ async def test_a_tied_alias_alone_loads_into_the_weight_it_is_tied_to() -> None:
     assert_ranks_hold(llm, {**full, "model.embed_tokens.weight": head, "lm_head.weight": head})
 
 
-async def test_colocated_cycle_sleeps_level_2_wakes_weights_then_kv_cache() -> None:
-    llm = StandInAsyncLLM(CONFIG, tp=2)
+async def test_colocated_cycle_sleeps_level_2_wakes_weights_then_kv_cache(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2, model=kind)
     engine = engine_on(llm)
     await engine.update_weights(trainer_weights(1).items(), version="1")
     llm.calls.clear()
@@ -170,6 +188,7 @@ async def test_colocated_cycle_sleeps_level_2_wakes_weights_then_kv_cache() -> N
         ("sleep", 2),
         ("wake_up", ["weights"]),
         *[("collective_rpc", "rstar2_load_weights")] * loads,
+        ("collective_rpc", "rstar2_release_memory"),
         ("reset_prefix_cache", True),
         ("update_weight_version", "2"),
         ("wake_up", ["kv_cache"]),
@@ -179,8 +198,8 @@ async def test_colocated_cycle_sleeps_level_2_wakes_weights_then_kv_cache() -> N
     assert_ranks_hold(llm, full)  # nothing left of the discarded (NaN) memory
 
 
-async def test_discarded_weights_refuse_generation_until_a_whole_sync() -> None:
-    llm = StandInAsyncLLM(CONFIG, tp=1)
+async def test_discarded_weights_refuse_generation_until_a_whole_sync(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1, model=kind)
     engine = engine_on(llm)
     full = trainer_weights(1)
     await engine.update_weights(full.items())
@@ -208,12 +227,12 @@ async def test_discarded_weights_refuse_generation_until_a_whole_sync() -> None:
     assert_ranks_hold(llm, full)
 
 
-async def test_a_sync_that_fails_midway_blocks_generation() -> None:
-    llm = StandInAsyncLLM(CONFIG, tp=1)
+async def test_a_sync_that_fails_midway_blocks_generation(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1, model=kind)
     engine = engine_on(llm)
     full = trainer_weights(1)
     broken = [*full.items(), ("model.layers.9.mlp.down_proj.weight", torch.zeros(64, 128))]
-    with pytest.raises(ValueError, match=r"no module or parameter named 'model\.layers\.9"):
+    with pytest.raises(ValueError, match=r"no module or parameter named '(model\.)?layers\.9"):
         await engine.update_weights(broken)
     assert llm.calls[-1] == ("resume_generation",)  # scheduling is not left paused
     result = await engine.generate(request())
@@ -223,8 +242,8 @@ async def test_a_sync_that_fails_midway_blocks_generation() -> None:
     assert engine._refusal() is None
 
 
-async def test_wake_up_checks_what_vllm_answers() -> None:
-    llm = StandInAsyncLLM(CONFIG, tp=1)
+async def test_wake_up_checks_what_vllm_answers(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1, model=kind)
     engine = engine_on(llm)
     await engine.sleep(1)
     await llm.wake_up(["weights"])  # behind the engine's back
@@ -232,8 +251,8 @@ async def test_wake_up_checks_what_vllm_answers() -> None:
         await engine.wake_up()  # vLLM wakes nothing when a tag is not asleep
 
 
-async def test_sleep_refusals() -> None:
-    llm = StandInAsyncLLM(CONFIG, tp=1)
+async def test_sleep_refusals(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1, model=kind)
     engine = engine_on(llm)
     with pytest.raises(ValueError, match="level must be 1 or 2"):
         await engine.sleep(3)
@@ -244,8 +263,10 @@ async def test_sleep_refusals() -> None:
     assert llm.calls[-1] == ("wake_up", ["kv_cache", "weights"])
 
 
-async def test_level_1_sleep_keeps_weights_and_sync_writes_after_waking_them() -> None:
-    llm = StandInAsyncLLM(CONFIG, tp=2)
+async def test_level_1_sleep_keeps_weights_and_sync_writes_after_waking_them(
+    kind: ModelKind,
+) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2, model=kind)
     engine = engine_on(llm)
     full = trainer_weights(1)
     await engine.update_weights(full.items())
@@ -260,8 +281,8 @@ async def test_level_1_sleep_keeps_weights_and_sync_writes_after_waking_them() -
     assert_ranks_hold(llm, {**full, q: fresh})
 
 
-async def test_reset_prefix_cache_preempts_running_requests() -> None:
-    llm = StandInAsyncLLM(CONFIG, tp=1)
+async def test_reset_prefix_cache_preempts_running_requests(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1, model=kind)
     engine = engine_on(llm)
     llm.requests["busy"] = __import__("vllm_standin").Request("busy")
     assert not await llm.reset_prefix_cache()  # vLLM's rule: blocks in use
@@ -270,31 +291,142 @@ async def test_reset_prefix_cache_preempts_running_requests() -> None:
     assert llm.preempted == 1
 
 
-async def test_a_worker_gpu_this_process_cannot_see_is_named() -> None:
-    llm = StandInAsyncLLM(CONFIG, tp=2, memory=HostMemory(["GPU-0"]))
+async def test_a_worker_gpu_this_process_cannot_see_is_named(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2, model=kind, memory=HostMemory(["GPU-0"]))
     engine = engine_on(llm)
     with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] run on GPU\(s\) \['GPU-1'\]"):
         await engine.update_weights(trainer_weights(1).items())
 
 
-async def test_a_quantized_model_is_refused() -> None:
-    llm = StandInAsyncLLM(CONFIG, tp=1, quantization="fp8")
+async def test_a_quantized_model_is_refused(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1, model=kind, quantization="fp8")
     engine = engine_on(llm)
     with pytest.raises(Exception, match="fp8-quantized"):
         await engine.update_weights(trainer_weights(1).items())
 
 
-async def test_workers_without_the_extension_are_named() -> None:
-    llm = StandInAsyncLLM(CONFIG, tp=1, extension=object)
+async def test_workers_without_the_extension_are_named(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1, model=kind, extension=object)
     engine = engine_on(llm)
     with pytest.raises(RuntimeError, match="worker_extension_cls="):
         await engine.update_weights(trainer_weights(1).items())
 
 
-async def test_a_name_twice_in_one_sync_is_refused() -> None:
-    llm = StandInAsyncLLM(CONFIG, tp=1)
+async def test_a_name_twice_in_one_sync_is_refused(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1, model=kind)
     engine = engine_on(llm)
     full = trainer_weights(1)
     name = "model.norm.weight"
     with pytest.raises(ValueError, match="appears more than once"):
         await engine.update_weights([*full.items(), (name, full[name])])
+
+
+async def test_after_sleep_2_every_part_of_every_fused_parameter_must_come(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2, model=kind)
+    engine = engine_on(llm)
+    full = trainer_weights(1)
+    await engine.update_weights(full.items())
+    await engine.sleep(2)
+    left_out = [
+        "model.layers.1.self_attn.v_proj.weight",
+        "model.layers.1.self_attn.v_proj.bias",
+        "model.layers.0.mlp.up_proj.weight",
+    ]
+    partial = [(name, tensor) for name, tensor in full.items() if name not in left_out]
+    with pytest.raises(RuntimeError) as refused:
+        await engine.update_weights(partial)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "sleep(level=2) discarded the weights, and this sync left 3 parameter(s) or fused " in (
+        message
+    )
+    for part in (
+        "model.layers.0.mlp.gate_up_proj.weight[up_proj]",
+        "model.layers.1.self_attn.qkv_proj.bias[v_proj]",
+        "model.layers.1.self_attn.qkv_proj.weight[v_proj]",
+    ):
+        assert part in message
+    await engine.wake_up()
+    result = await engine.generate(request())
+    assert result.error is not None
+    assert "discarded the weights" in result.error
+
+    # The parts of one fused layer may come in different buckets of one sync.
+    attention = "model.layers.1.self_attn."
+    first = [f"{attention}q_proj.weight", f"{attention}q_proj.bias"]
+    last = [f"{attention}{p}_proj.{t}" for p in ("k", "v") for t in ("weight", "bias")]
+    split = [
+        *((name, full[name]) for name in first),
+        *((name, t) for name, t in full.items() if name not in first + last),
+        *((name, full[name]) for name in last),
+    ]
+    llm.payloads.clear()
+    await engine.update_weights(split)
+    homes = {
+        slot.name: WeightBucket.model_validate(payload).index
+        for payload in llm.payloads
+        for slot in WeightBucket.model_validate(payload).tensors
+    }
+    assert homes[first[0]] < homes[last[0]]
+    assert engine._refusal() is None
+    assert_ranks_hold(llm, full)
+
+
+async def test_staging_memory_goes_back_to_the_driver_before_the_kv_cache_wakes(
+    kind: ModelKind,
+) -> None:
+    kv = 2**18
+    margin = 2**14  # less than the largest bucket staged on each GPU (the 64 KiB embedding)
+    weights = StandInAsyncLLM(CONFIG, tp=2, model=kind).weight_bytes(0)
+    memory = HostMemory(["GPU-0", "GPU-1"], capacity=weights + kv + margin)
+    llm = StandInAsyncLLM(CONFIG, tp=2, model=kind, memory=memory, kv_bytes=kv)
+    engine = engine_on(llm)
+    full = trainer_weights(1)
+    await engine.sleep(2)
+    await engine.update_weights(full.items(), version="1")
+    await engine.wake_up()  # the KV cache fits only if the staged buckets went back
+    assert not llm.sleeping
+
+    assert engine.last_sync is not None
+    phases = {phase.name: phase for phase in engine.last_sync.phases}
+    assert list(phases) == ["start", "woken", "loaded", "released"]
+    for gpu in ("GPU-0", "GPU-1"):
+        free = {name: phase.free_bytes[gpu] for name, phase in phases.items()}
+        assert free["start"] - free["woken"] == weights  # the weights woke
+        assert free["released"] - free["loaded"] >= 2**16  # the staging went back
+        assert free["released"] >= kv
+    assert sorted(memory.emptied, key=str) == ["GPU-0", "GPU-1", None]  # engine and workers
+    released = llm.calls.index(("collective_rpc", "rstar2_release_memory"))
+    assert released < llm.calls.index(("wake_up", ["kv_cache"]))
+    assert_ranks_hold(llm, full)
+
+
+async def generated(engine: VLLMEngine, llm: StandInAsyncLLM, request_id: str) -> GenerationResult:
+    running = asyncio.create_task(engine.generate(request(request_id)))
+    await llm.held.wait()
+    llm.release()
+    return await running
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="generate builds vLLM's sampling parameters")
+async def test_results_carry_the_version_of_the_weights_they_started_under(
+    kind: ModelKind,
+) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=1, model=kind)
+    engine = engine_on(llm)
+    await engine.update_weights(trainer_weights(1).items(), version="7")
+    assert (await generated(engine, llm, "a")).weights_version == "7"
+
+    running = asyncio.create_task(engine.generate(request("b")))
+    await llm.held.wait()
+    await engine.update_weights(trainer_weights(2).items(), version="8")
+    assert llm.preempted == 1  # it goes on under the new weights, recomputed
+    llm.release()
+    overtaken = await running
+    assert overtaken.finish_reason == "stop"
+    assert overtaken.weights_version == "7"  # the oldest weights any of its tokens came from
+    assert (await generated(engine, llm, "c")).weights_version == "8"
+
+    await engine.update_weights(trainer_weights(3).items())  # new weights, no label
+    assert engine.weights_version is None
+    assert (await generated(engine, llm, "d")).weights_version is None

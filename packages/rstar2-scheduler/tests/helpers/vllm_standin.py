@@ -7,11 +7,21 @@ What it models, each as read in vLLM 0.32/0.33's source:
   check for the plain data that encoder accepts without ``VLLM_ALLOW_INSECURE_SERIALIZATION``),
   then every worker runs the method (``run_method``: a missing one raises NotImplementedError).
 - Workers: vLLM mixes the extension into its worker class after checking that no attribute
-  clashes; each rank holds its tensor-parallel shard of a Qwen2-shaped model whose
+  clashes; each rank holds its tensor-parallel shard of a Qwen2-shaped model. With
+  ``model="vllm"`` (vLLM installed) the model is built from vLLM's own layers
+  (``QKVParallelLinear``, ``MergedColumnParallelLinear``, ``RowParallelLinear``,
+  ``VocabParallelEmbedding``, ``ParallelLMHead``) for each rank and loads through vLLM's own
+  ``AutoWeightsLoader`` with Qwen2's weight mapper. With ``model="stand-in"`` its
   ``load_weights`` follows vLLM's: q/k/v and gate/up load into fused ``qkv_proj`` and
-  ``gate_up_proj`` at their shard offsets, column-, row- and vocab-parallel layers keep their
-  rank's slice, shapes must match, an unknown name raises, and a tied alias is skipped and
-  raises when the parameter it is tied to is not in the same call.
+  ``gate_up_proj`` at their shard offsets through each parameter's ``weight_loader(param,
+  tensor, shard_id)``, column-, row- and vocab-parallel layers keep their rank's slice, shapes
+  must match, an unknown name raises, and a tied alias is skipped and raises when the parameter
+  it is tied to is not in the same call. Either way a fused parameter is reported loaded once
+  any one of its parts is.
+- GPU memory (``HostMemory``): each GPU holds the model's weights and KV cache while they are
+  awake, and the engine's process keeps what it staged in its caching allocator (the most it held
+  at once) until it empties the cache; waking weights or the KV cache into less free memory than
+  they need fails as CUDA would.
 - ``sleep``: pauses scheduling (aborting requests), clears the prefix cache, then frees the
   weights (level 1 keeps a host copy, level 2 discards them: garbage after waking) and the KV
   cache; memory that sleeps cannot be written (vLLM would fault). ``wake_up(tags)``: a tag that
@@ -28,10 +38,11 @@ import asyncio
 import itertools
 import math
 import weakref
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
+from unittest import mock
 
 import torch
 from torch import nn
@@ -75,9 +86,14 @@ def wire(message: Any) -> Any:
 
 class HostMemory:
     """Stands in for CUDA IPC on a CPU: sharing registers a buffer under a fresh handle (held
-    weakly, as the producer owns it) and opening returns that very buffer."""
+    weakly, as the producer owns it) and opening returns that very buffer.
 
-    def __init__(self, visible: Iterable[str]) -> None:
+    It also keeps the books of each GPU's memory: ``capacity`` bytes, less what the model holds
+    awake there (``resident``, kept by the stand-in LLM), less what the engine's process reserved
+    for staging (as torch's caching allocator does: the most it held at once, per GPU, until
+    ``empty_cache``)."""
+
+    def __init__(self, visible: Iterable[str], *, capacity: int = 2**40) -> None:
         self.visible = list(visible)
         self._buffers: weakref.WeakValueDictionary[bytes, torch.Tensor] = (
             weakref.WeakValueDictionary()
@@ -86,6 +102,19 @@ class HostMemory:
         self.shared: list[bytes] = []
         self.opened: list[tuple[str, bytes]] = []
         self.collected = 0
+        self.capacity = capacity
+        self.resident: dict[str, int] = {}
+        self.reserved = 0
+        self.emptied: list[str | None] = []  # whose cache was emptied: None is the engine's
+
+    def staged_per_gpu(self) -> int:
+        """Bytes the engine's live staging buffers hold on each GPU (each bucket is staged once
+        on every GPU)."""
+        live = sum(buffer.numel() for buffer in self._buffers.values())
+        return live // max(1, len(self.visible))
+
+    def free(self, uuid: str) -> int:
+        return self.capacity - self.resident.get(uuid, 0) - self.reserved
 
     def engine(self) -> HostTransport:
         return HostTransport(self, None)
@@ -107,12 +136,13 @@ class HostTransport:
         return self.uuid
 
     def local_devices(self) -> dict[str, torch.device]:
-        return {uuid: torch.device("cpu") for uuid in self.memory.visible}
+        return {uuid: torch.device("cpu", i) for i, uuid in enumerate(self.memory.visible)}
 
     def share(self, buffer: torch.Tensor) -> CudaIpcHandle:
         key = f"ipc-{next(self.memory._keys)}".encode()
         self.memory._buffers[key] = buffer
         self.memory.shared.append(key)
+        self.memory.reserved = max(self.memory.reserved, self.memory.staged_per_gpu())
         return CudaIpcHandle.from_reduce_args(cuda_reduce_args(buffer, handle=key))
 
     def open(self, handle: CudaIpcHandle, device: torch.device) -> torch.Tensor:
@@ -130,6 +160,14 @@ class HostTransport:
 
     def collect(self) -> None:
         self.memory.collected += 1
+
+    def empty_cache(self) -> None:
+        self.memory.emptied.append(self.uuid)
+        if self.uuid is None:
+            self.memory.reserved = self.memory.staged_per_gpu()
+
+    def free_bytes(self, device: torch.device) -> int:
+        return self.memory.free(self.memory.visible[device.index or 0])
 
 
 def cuda_reduce_args(tensor: torch.Tensor, *, handle: bytes) -> tuple[Any, ...]:
@@ -153,6 +191,17 @@ def cuda_reduce_args(tensor: torch.Tensor, *, handle: bytes) -> tuple[Any, ...]:
         b"event-" + handle,
         True,
     )
+
+
+SMALLEST = Qwen2Config(
+    vocab_size=64,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
+"""A one-layer model for tests that generate through the stand-in and load no weights."""
 
 
 STACKED = {
@@ -217,9 +266,25 @@ class ShardModel(nn.Module):
         self.aliased = (
             {"lm_head.weight": "model.embed_tokens.weight"} if config.tie_word_embeddings else {}
         )
+        for name, param in self.named_parameters():
+            param.weight_loader = self._loader(name)  # vLLM's set_weight_attrs
 
     def params(self) -> dict[str, nn.Parameter]:
         return dict(self.named_parameters())
+
+    def _loader(self, name: str) -> Callable[..., None]:
+        """Parameter ``name``'s weight loader: ``(param, tensor)``, or ``(param, tensor,
+        shard_id)`` for one part of a fused parameter."""
+
+        def load(param: nn.Parameter, tensor: torch.Tensor, shard: str | int | None = None) -> None:
+            destination, source = self._shard(name, param, tensor, shard)
+            if destination.shape != source.shape:
+                raise AssertionError(
+                    f"{name}: shard shape {tuple(source.shape)} != {tuple(destination.shape)}"
+                )
+            destination.copy_(source)
+
+        return load
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = self.params()
@@ -239,13 +304,11 @@ class ShardModel(nn.Module):
                 raise ValueError(f"There is no module or parameter named {target!r} in Qwen2")
             if not self.mapped:
                 raise RuntimeError("CUDA error: an illegal memory access was encountered")
-            destination, source = self._shard(target, param, tensor, shard)
-            if destination.shape != source.shape:
-                raise AssertionError(
-                    f"{name}: shard shape {tuple(source.shape)} != {tuple(destination.shape)}"
-                )
-            destination.copy_(source)
-            loaded.add(target)
+            if shard is None:
+                param.weight_loader(param, tensor)
+            else:
+                param.weight_loader(param, tensor, shard)
+            loaded.add(target)  # vLLM's rule: a fused parameter is loaded after any one part
         for alias, canonical in skipped.items():
             if canonical not in loaded:
                 raise ValueError(
@@ -274,6 +337,107 @@ class ShardModel(nn.Module):
             size = param.shape[0]
             return param, tensor.narrow(0, rank * size, size)
         return param, tensor
+
+
+class VLLMShardModel(nn.Module):
+    """One tensor-parallel rank of a Qwen2 model built from vLLM's own layers, loading through
+    vLLM's own ``AutoWeightsLoader`` and Qwen2's weight mapper (needs vLLM; no GPU: the layers'
+    weights are plain CPU tensors, and vLLM's tensor-parallel group is this rank's for the
+    build)."""
+
+    packed_modules_mapping = ShardModel.packed_modules_mapping
+
+    def __init__(self, config: Qwen2Config, rank: int, tp: int) -> None:
+        super().__init__()
+        from vllm.distributed import parallel_state
+        from vllm.model_executor.layers.linear import (
+            MergedColumnParallelLinear,
+            QKVParallelLinear,
+            RowParallelLinear,
+        )
+        from vllm.model_executor.layers.vocab_parallel_embedding import (
+            ParallelLMHead,
+            VocabParallelEmbedding,
+        )
+        from vllm.model_executor.models.qwen2 import Qwen2Model
+        from vllm.model_executor.models.utils import AutoWeightsLoader
+
+        self.mapped = True
+        hidden, heads = config.hidden_size, config.num_attention_heads
+        group = SimpleNamespace(rank_in_group=rank, world_size=tp)
+
+        def norm() -> nn.Module:
+            module = nn.Module()
+            module.weight = nn.Parameter(torch.zeros(hidden), requires_grad=False)
+            return module
+
+        class Layers(nn.Module):
+            def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+                return AutoWeightsLoader(self).load_weights(
+                    weights, mapper=Qwen2Model.hf_to_vllm_mapper
+                )
+
+        with mock.patch.object(parallel_state, "get_tp_group", return_value=group):
+            self.model = Layers()
+            self.model.embed_tokens = VocabParallelEmbedding(config.vocab_size, hidden)
+            self.model.layers = nn.ModuleList()
+            for index in range(config.num_hidden_layers):
+                prefix = f"model.layers.{index}"
+                layer = nn.Module()
+                layer.self_attn = nn.Module()
+                layer.self_attn.qkv_proj = QKVParallelLinear(
+                    hidden,
+                    hidden // heads,
+                    heads,
+                    config.num_key_value_heads,
+                    bias=True,
+                    prefix=f"{prefix}.self_attn.qkv_proj",
+                )
+                layer.self_attn.o_proj = RowParallelLinear(
+                    hidden, hidden, bias=False, prefix=f"{prefix}.self_attn.o_proj"
+                )
+                layer.mlp = nn.Module()
+                layer.mlp.gate_up_proj = MergedColumnParallelLinear(
+                    hidden,
+                    [config.intermediate_size] * 2,
+                    bias=False,
+                    prefix=f"{prefix}.mlp.gate_up_proj",
+                )
+                layer.mlp.down_proj = RowParallelLinear(
+                    config.intermediate_size, hidden, bias=False, prefix=f"{prefix}.mlp.down_proj"
+                )
+                layer.input_layernorm = norm()
+                layer.post_attention_layernorm = norm()
+                self.model.layers.append(layer)
+            self.model.norm = norm()
+            self.lm_head = ParallelLMHead(config.vocab_size, hidden, prefix="lm_head")
+            if config.tie_word_embeddings:
+                self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+        for param in self.parameters():
+            with torch.no_grad():
+                param.zero_()
+        self._loader = AutoWeightsLoader
+
+    def params(self) -> dict[str, nn.Parameter]:
+        return dict(self.named_parameters())
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        if not self.mapped:
+            weights = list(weights)
+            if weights:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        loaded: set[str] = self._loader(self).load_weights(weights)
+        return loaded
+
+
+ModelKind = Literal["stand-in", "vllm"]
+
+
+def shard_model(kind: ModelKind, config: Qwen2Config, rank: int, tp: int) -> nn.Module:
+    """Rank ``rank`` of ``tp``: the stand-in's own model, or one built from vLLM's layers."""
+    if kind == "vllm":
+        return VLLMShardModel(config, rank, tp)
+    return ShardModel(config, rank, tp)
 
 
 def expected_shards(full: dict[str, torch.Tensor], rank: int, tp: int) -> dict[str, torch.Tensor]:
@@ -307,13 +471,13 @@ def expected_shards(full: dict[str, torch.Tensor], rank: int, tp: int) -> dict[s
 class StandInWorker:
     """vLLM's GPU worker as far as the extension sees it."""
 
-    def __init__(self, rank: int, model: ShardModel) -> None:
+    def __init__(self, rank: int, model: Any) -> None:
         self.rank = rank
         self.device = torch.device("cpu")
         self.vllm_config = None
         self.model = model
 
-    def get_model(self) -> ShardModel:
+    def get_model(self) -> Any:
         return self.model
 
     def sleep(self, level: int = 1) -> None:
@@ -352,11 +516,16 @@ class StandInAsyncLLM:
         memory: HostMemory | None = None,
         extension: type = WeightSyncExtension,
         quantization: str | None = None,
+        model: ModelKind = "stand-in",
+        kv_bytes: int = 0,
     ) -> None:
         self.uuids = [f"GPU-{rank}" for rank in range(tp)]
         self.memory = memory if memory is not None else HostMemory(self.uuids)
+        self.kv_bytes = kv_bytes  # each rank's KV cache
         worker_class = extended_worker_class(extension)
-        self.workers = [worker_class(rank, ShardModel(config, rank, tp)) for rank in range(tp)]
+        self.workers = [
+            worker_class(rank, shard_model(model, config, rank, tp)) for rank in range(tp)
+        ]
         for worker, uuid in zip(self.workers, self.uuids, strict=True):
             if isinstance(worker, WeightSyncExtension):
                 worker.rstar2_transport = self.memory.worker(uuid)
@@ -380,9 +549,23 @@ class StandInAsyncLLM:
         self.preempted = 0
         self.version: str | None = None
         self._saved: list[dict[str, torch.Tensor]] = []
+        self._account()
 
-    def models(self) -> list[ShardModel]:
+    def models(self) -> list[Any]:
         return [worker.model for worker in self.workers]
+
+    def weight_bytes(self, rank: int) -> int:
+        params = self.workers[rank].model.params().values()
+        return sum(p.numel() * p.element_size() for p in params)
+
+    def _needs(self, rank: int, tags: Iterable[str]) -> int:
+        return sum(self.weight_bytes(rank) if tag == "weights" else self.kv_bytes for tag in tags)
+
+    def _account(self) -> None:
+        """What each GPU holds awake, for the memory's books."""
+        awake = {"weights", "kv_cache"} - self.sleeping
+        for rank, uuid in enumerate(self.uuids):
+            self.memory.resident[uuid] = self._needs(rank, awake)
 
     def methods(self) -> list[str]:
         return [call[0] if call[0] != "collective_rpc" else call[1] for call in self.calls]
@@ -421,6 +604,7 @@ class StandInAsyncLLM:
         ]
         self.sleeping = {"weights", "kv_cache"}
         self.level = level
+        self._account()
 
     async def wake_up(self, tags: list[str] | None = None) -> bool:
         self.calls.append(("wake_up", None if tags is None else list(tags)))
@@ -439,6 +623,13 @@ class StandInAsyncLLM:
         if tags and any(tag not in self.sleeping for tag in tags):
             return  # "Tag ... is not in sleeping tags": nothing wakes
         waking = set(self.sleeping) if tags is None else set(tags)
+        for rank, uuid in enumerate(self.uuids):
+            needed, free = self._needs(rank, waking), self.memory.free(uuid)
+            if needed > free:
+                raise RuntimeError(
+                    f"CUDA error: out of memory (waking {sorted(waking)} needs {needed} bytes on "
+                    f"{uuid}, {free} are free)"
+                )
         if "weights" in waking:
             for model, saved in zip(self.models(), self._saved, strict=True):
                 model.mapped = True
@@ -446,6 +637,7 @@ class StandInAsyncLLM:
                     for name, param in model.params().items():
                         param.copy_(saved[name] if saved else torch.full_like(param, math.nan))
         self.sleeping -= waking
+        self._account()
 
     async def is_sleeping(self) -> bool:
         return self.paused or bool(self.sleeping)

@@ -7,18 +7,29 @@ kept within each sequence by resetting ``position_ids``); padded ones hold a row
 shared-prefix ones run the untrained head their sequences share (an RL group's prompt) once,
 then a row per sequence of what follows it. Either way the log-probs come back in the sequence
 layout, so losses never see the difference.
+
+A packed micro-batch carries its documents' offsets, built here from the packer's own lengths:
+``varlen_attention`` (``rstar2_train.attention``) reads them instead of a mask. Under
+FlexAttention, which compiles its kernels for each new shape, packed rows are padded to a
+multiple of the planned micro-batch tokens, so a run compiles them once, not per micro-batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from rstar2_algo import fused_linear_logprobs, selective_log_softmax
+from rstar2_train.attention import VARLEN_ATTENTION, offsets_from_lengths, varlen_kwargs
 from rstar2_train.lm_head import final_hidden_states, fusable_head
+from rstar2_train.startup import announce_compile, note_forward
+
+COMPILING_ATTENTION = frozenset({"flex_attention"})
+"""Attention implementations that compile kernels per input shape."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,14 @@ class MicroBatch:
     micro-batch shares one (an RL group's prompt). It runs once; ``input_ids`` then holds what
     follows it, a padded row per sequence, and output column ``c`` predicts ``input_ids[:, c]``
     (column 0 from the prefix's last position)."""
+    documents: torch.Tensor | None = None
+    """Packed micro-batches: the cumulative offsets (int32, ``[sequences + 1]``) of the
+    sequences in the row."""
+    longest: int = 0
+    """Packed micro-batches: the longest sequence's length."""
+    row_tokens: int | None = None
+    """The token budget the micro-batch was planned with (a compiling attention pads packed
+    rows to a multiple of it)."""
 
     def to(self, device: torch.device) -> MicroBatch:
         """This micro-batch with every tensor on ``device`` (itself when already there)."""
@@ -75,6 +94,9 @@ class MicroBatch:
             mask=self.mask.to(device),
             token_values={name: value.to(device) for name, value in self.token_values.items()},
             prefix_ids=None if self.prefix_ids is None else self.prefix_ids.to(device),
+            documents=None if self.documents is None else self.documents.to(device),
+            longest=self.longest,
+            row_tokens=self.row_tokens,
         )
 
     @property
@@ -166,8 +188,10 @@ def collate(
     packing: bool,
     pad_id: int,
     device: torch.device,
+    row_tokens: int | None = None,
 ) -> MicroBatch:
-    """The micro-batch of ``sequences[i] for i in members``."""
+    """The micro-batch of ``sequences[i] for i in members`` (planned with ``row_tokens`` per
+    micro-batch, when known)."""
     chosen = [sequences[i] for i in members]
     width = max(len(s.ids) for s in chosen) - 1
     count = len(chosen)
@@ -196,6 +220,7 @@ def collate(
             input_ids[row, : n + 1] = ids
             rows[row, :n] = row
             cols[row, :n] = torch.arange(n)
+    lengths = [len(s.ids) for s in chosen]
     return MicroBatch(
         members=members,
         input_ids=input_ids,
@@ -205,6 +230,9 @@ def collate(
         valid=valid,
         mask=mask,
         token_values=values,
+        documents=offsets_from_lengths(lengths) if packing else None,
+        longest=max(lengths) if packing else 0,
+        row_tokens=row_tokens,
     ).to(device)
 
 
@@ -270,7 +298,12 @@ def micro_batches(
         ),
         *(
             collate(
-                sequences, [rest[i] for i in members], packing=packing, pad_id=pad_id, device=device
+                sequences,
+                [rest[i] for i in members],
+                packing=packing,
+                pad_id=pad_id,
+                device=device,
+                row_tokens=budget_tokens,
             )
             for members in groups
         ),
@@ -295,6 +328,7 @@ def token_logprobs(
     if keep.numel() == 0:  # nothing trained: one column keeps the graph (its gradient is 0)
         keep = batch.cols[:1, -1]
     head = fusable_head(model)
+    note_forward()
     columns = _output_columns(model, batch, keep, hidden=head is not None)
     # Output column c predicts the next input token (packed or padded rows; where it belongs to
     # the next packed sequence or is padding, the position is never trained), or in a
@@ -331,6 +365,7 @@ def _output_columns(
             position_ids: torch.Tensor,
             wanted: torch.Tensor,
             cache: DynamicCache | None = None,
+            documents: dict[str, Any] | None = None,
         ) -> torch.Tensor:
             output = model(
                 input_ids=input_ids,
@@ -340,12 +375,13 @@ def _output_columns(
                 use_cache=cache is not None,
                 # The fused head needs no logits at all, only the hidden states.
                 logits_to_keep=wanted[:0] if hidden else wanted,
+                **(documents or {}),
             )
             columns: torch.Tensor = states[-1][:, wanted] if hidden else output.logits
             return columns
 
         if batch.prefix_ids is None:
-            return forward(batch.input_ids, batch.position_ids, keep)
+            return forward(*_packed_inputs(model, batch), keep, documents=_documents(model, batch))
         rows, head = batch.input_ids.shape[0], batch.prefix_ids.shape[1]
         cache = DynamicCache(config=model.config)
         positions = torch.arange(head, device=batch.prefix_ids.device)
@@ -362,3 +398,32 @@ def _output_columns(
         if rest.numel():
             parts.append(forward(batch.input_ids, batch.position_ids, rest, cache))
         return torch.cat(parts, dim=1)
+
+
+def _documents(model: PreTrainedModel, batch: MicroBatch) -> dict[str, Any]:
+    """The packed row's document offsets as model keyword arguments, for ``varlen_attention``
+    (other implementations find the documents from the position ids)."""
+    if batch.documents is None or model.config._attn_implementation != VARLEN_ATTENTION:
+        return {}
+    return varlen_kwargs(batch.documents, batch.longest)
+
+
+def _packed_inputs(model: PreTrainedModel, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``input_ids`` and ``position_ids``; under a compiling attention, a packed row padded
+    with a throwaway sequence to a multiple of its planned tokens (its own document: nothing
+    real attends to it, and its outputs are never read), so that its kernels see one shape."""
+    attention = model.config._attn_implementation
+    if attention not in COMPILING_ATTENTION:
+        return batch.input_ids, batch.position_ids
+    announce_compile(attention)
+    if batch.documents is None or not batch.row_tokens:
+        return batch.input_ids, batch.position_ids
+    width = batch.input_ids.shape[1]
+    pad = -width % batch.row_tokens
+    if not pad:
+        return batch.input_ids, batch.position_ids
+    filler = torch.arange(pad, device=batch.input_ids.device).unsqueeze(0)
+    return (
+        torch.cat([batch.input_ids, torch.zeros_like(filler)], dim=1),
+        torch.cat([batch.position_ids, filler], dim=1),
+    )

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 from pathlib import Path
 from typing import Any, Literal, overload
 
 from rstar2_data import (
-    BuildError,
     ChatExample,
     MathProblem,
     build,
     load_built,
     load_recipe,
-    read_manifest,
 )
 from rstar2_data.rows import read_rows
 from rstar2_train.config.schema import DataSource
@@ -26,23 +23,15 @@ RowKind = Literal["math", "chat"]
 
 
 def _recipe_rows(source: DataSource, data_root: Path) -> list[Any]:
-    """Build the recipe into ``data_root/<name>`` unless an identical build is already there."""
+    """Build the recipe into ``data_root/<name>``; rstar2-data reuses each stage whose inputs
+    (recipe entries, source files' content, package version) are unchanged, so an unchanged
+    build costs only the sources' hashes and a changed source file is always rebuilt."""
     assert source.recipe is not None
     recipe = load_recipe(source.recipe, variables=source.vars)
     folder = data_root / recipe.name
-    try:
-        manifest = read_manifest(folder)
-        rebuild = manifest.recipe_sha256 != _recipe_hash(recipe)
-    except BuildError:
-        rebuild = True
-    if rebuild:
-        logger.info("building recipe %s into %s", recipe.name, folder)
-        build(recipe, folder, progress=False)
+    logger.info("building recipe %s into %s (unchanged stages are reused)", recipe.name, folder)
+    build(recipe, folder, progress=False)
     return load_built(folder)
-
-
-def _recipe_hash(recipe: Any) -> str:
-    return hashlib.sha256(recipe.model_dump_json().encode()).hexdigest()
 
 
 def _file_rows(path: Path, kind: RowKind) -> list[Any]:

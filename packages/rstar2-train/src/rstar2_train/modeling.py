@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import transformers
@@ -21,59 +21,62 @@ from rstar2_data import build_tokenizer
 from rstar2_data.hub import hub_problem, unreachable_message
 from rstar2_scheduler import ChatProtocol, install_chat_template
 from rstar2_scheduler.protocol import SPECIAL_TOKENS
+from rstar2_train.attention import VARLEN_ATTENTION, varlen_unavailable
 from rstar2_train.config.schema import ModelConfig, StageConfig, TokenizerTraining
+from rstar2_train.devices import DTYPES, compute_dtype, trainer_on_gpu
+from rstar2_train.devices import resolve_device as resolve_device  # re-exported
 
 logger = logging.getLogger(__name__)
 
 EOS = "<|endoftext|>"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto``: the first CUDA device when there is one, else the CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+class AttentionChoice(NamedTuple):
+    """An attention implementation for the trainer and why it was chosen."""
+
+    name: str
+    reason: str
 
 
-def trainer_on_gpu(config: StageConfig) -> bool:
-    """Whether the stage trains on GPUs: its Ray trainer ranks have GPUs, or (in this process)
-    ``model.device`` resolves to one."""
-    from rstar2_train.placement.stage import stage_placement  # imports this module
-
-    placement = stage_placement(config)
-    if placement is not None:
-        return placement.trainer.gpus > 0
-    return resolve_device(config.model.device).type != "cpu"
-
-
-def choose_attention(requested: str, *, on_gpu: bool, packed: bool) -> str:
-    """``requested``, or for ``auto``: ``flex_attention`` for packed rows on a GPU, else
-    ``sdpa``."""
+def choose_attention(
+    requested: str, *, on_gpu: bool, packed: bool, dtype: torch.dtype = torch.bfloat16
+) -> AttentionChoice:
+    """``requested``, or for ``auto``: on a GPU with packed micro-batches ``varlen_attention``
+    (PyTorch's variable-length FlashAttention: no compiler) where the installed torch, GPU and
+    compute ``dtype`` allow it, else ``flex_attention`` (which compiles its kernels in the first
+    step); ``sdpa`` on a CPU and for padded rows."""
     if requested != "auto":
-        return requested
-    return "flex_attention" if on_gpu and packed else "sdpa"
+        return AttentionChoice(requested, "set in model.attn_implementation")
+    if not on_gpu:
+        return AttentionChoice("sdpa", "trainer on CPU")
+    if not packed:
+        return AttentionChoice("sdpa", "padded micro-batches on GPU: sdpa's fused causal kernels")
+    problem = varlen_unavailable(dtype)
+    if problem is None:
+        return AttentionChoice(
+            VARLEN_ATTENTION, "packed micro-batches on GPU: variable-length FlashAttention"
+        )
+    return AttentionChoice(
+        "flex_attention",
+        f"packed micro-batches on GPU, and {VARLEN_ATTENTION} is unavailable ({problem}); "
+        "FlexAttention compiles its kernels in the first step",
+    )
 
 
-def resolve_attention(config: StageConfig) -> StageConfig:
-    """The stage config with ``model.attn_implementation: auto`` replaced by its choice:
-    ``flex_attention`` when the trainer is on GPUs and micro-batches are packed (FlexAttention
-    reads the packed rows' document mask as a block mask; ``sdpa`` would attend through a dense
-    mask over the whole row), else ``sdpa``. The choice is logged."""
+def resolve_attention(config: StageConfig) -> tuple[StageConfig, AttentionChoice | None]:
+    """The stage config with ``model.attn_implementation: auto`` replaced by its choice
+    (``choose_attention``, from where the trainer runs, the micro-batch layout and the trainer's
+    compute dtype), and that choice (None when the config names one). The choice is logged."""
     if config.model.attn_implementation != "auto":
-        return config
+        return config, None
     section = config.sft if config.sft is not None else config.rl
     packed = section is not None and section.packing
-    gpu = trainer_on_gpu(config)
-    choice = choose_attention("auto", on_gpu=gpu, packed=packed)
-    logger.info(
-        "model.attn_implementation auto -> %s (trainer on %s, %s micro-batches)",
-        choice,
-        "GPU" if gpu else "CPU",
-        "packed" if packed else "padded",
+    choice = choose_attention(
+        "auto", on_gpu=trainer_on_gpu(config), packed=packed, dtype=compute_dtype(config)
     )
-    model = config.model.model_copy(update={"attn_implementation": choice})
-    return config.model_copy(update={"model": model})
+    logger.info("model.attn_implementation auto -> %s (%s)", choice.name, choice.reason)
+    model = config.model.model_copy(update={"attn_implementation": choice.name})
+    return config.model_copy(update={"model": model}), choice
 
 
 TOKENIZER_SETTING = "tokenizer.path (or model.path)"
@@ -181,7 +184,7 @@ def build_model(
     outside a stage gets ``sdpa`` for it.
     """
     dtype = DTYPES[config.dtype]
-    attention = choose_attention(config.attn_implementation, on_gpu=False, packed=False)
+    attention = choose_attention(config.attn_implementation, on_gpu=False, packed=False).name
     if config.path is not None:
         check_source(config.path, "model.path")
         try:

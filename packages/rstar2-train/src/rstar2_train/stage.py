@@ -26,6 +26,8 @@ from rstar2_train.checkpoint import (
 )
 from rstar2_train.config.schema import StageConfig
 from rstar2_train.data import DataOrder
+from rstar2_train.devices import resolve_device
+from rstar2_train.memory import plan_stage_memory
 from rstar2_train.metrics import MetricsLog, read_metrics
 from rstar2_train.modeling import (
     TOKENIZER_SETTING,
@@ -33,12 +35,12 @@ from rstar2_train.modeling import (
     check_source,
     load_tokenizer,
     resolve_attention,
-    resolve_device,
     train_tokenizer,
 )
 from rstar2_train.plots import write_plots
 from rstar2_train.progress import LogReporter, Reporter
 from rstar2_train.run_dir import RunDir
+from rstar2_train.startup import FirstStepClock
 from rstar2_train.wandb_run import WandbRun
 
 logger = logging.getLogger(__name__)
@@ -55,15 +57,31 @@ class StageRun:
         allow_changes: bool = False,
         reporter: Reporter | None = None,
     ) -> None:
+        self.clock = FirstStepClock()
+        try:
+            self._prepare(config, resume=resume, allow_changes=allow_changes, reporter=reporter)
+        except BaseException:
+            self.clock.close()
+            raise
+
+    def _prepare(
+        self, config: StageConfig, *, resume: bool, allow_changes: bool, reporter: Reporter | None
+    ) -> None:
         self.dir = RunDir(config.output_dir)
         self.dir.prepare(config, resume=resume, allow_changes=allow_changes)
         # The config as given stays the run's identity (resume and the demo compare it); what
-        # `auto` chose on this machine is noted in config.yaml as a comment.
-        resolved = resolve_attention(config)
-        if resolved.model.attn_implementation != config.model.attn_implementation:
-            note = f"# model.attn_implementation auto: {resolved.model.attn_implementation}\n"
-            atomic_write_text(self.dir.config, self.dir.config.read_text() + note)
-        config = resolved
+        # `auto` chose and what the memory plan changed on this machine are noted in
+        # config.yaml as comments.
+        config, choice = resolve_attention(config)
+        notes = []
+        if choice is not None:
+            notes.append(f"model.attn_implementation auto: {choice.name} ({choice.reason})")
+        config, plan = plan_stage_memory(config)
+        if plan is not None and plan.changes:
+            notes.append(plan.describe())
+        if notes:
+            text = "".join(f"# {note}\n" for note in notes)
+            atomic_write_text(self.dir.config, self.dir.config.read_text() + text)
         self.config = config
         self.reporter: Reporter = reporter or LogReporter()
         found = list_checkpoints(self.dir.checkpoints) if resume else []
@@ -135,8 +153,9 @@ class StageRun:
             model_config = model_config.model_copy(
                 update={"path": str(self.checkpoint), "init": None}
             )
-        model = build_model(model_config, tokenizer, seed=self.config.seed)
-        model.to(self.device)  # type: ignore[arg-type]  # transformers' stub of .to is wrong
+        with self.clock.model_build():
+            model = build_model(model_config, tokenizer, seed=self.config.seed)
+            model.to(self.device)  # type: ignore[arg-type]  # transformers' stub of .to is wrong
         return model
 
     def restore(
@@ -183,7 +202,9 @@ class StageRun:
         return folder
 
     def after_step(self, step: int, total_steps: int, metrics: dict[str, float]) -> None:
-        """Log the step and write a checkpoint when one is due."""
+        """Log the step and write a checkpoint when one is due; the first step of this process
+        also records how long it took to get there (``startup/*``)."""
+        metrics = {**metrics, **self.clock.metrics()}
         self.metrics.write(step, metrics)
         self.reporter.step(step, metrics)
         every = self.config.checkpoint.every_steps
@@ -199,5 +220,6 @@ class StageRun:
         return final
 
     def close(self, *, failed: bool = False) -> None:
+        self.clock.close()
         self.metrics.close(failed=failed)
         self.reporter.stop()

@@ -3,47 +3,37 @@
 from __future__ import annotations
 
 import hashlib
-import re
-from collections.abc import Callable
 from typing import ClassVar, Literal
 
-from rstar2_data.filters.base import Filter, Row
+from rstar2_data.filters.base import Filter
+from rstar2_data.filters.chain import KEY_BYTES
+from rstar2_data.filters.text import Item, normalize_text
 from rstar2_data.schemas import MathProblem
 
 DedupMode = Literal["exact", "normalized"]
-_SPACING = re.compile(r"\\[,;:! ]|\$|\\left|\\right")
-_NON_WORD = re.compile(r"[^\w]+")
-
-
-def normalize_text(text: str) -> str:
-    """Lowercase words only: drops case, whitespace, punctuation, ``$`` and LaTeX spacing."""
-    return " ".join(_NON_WORD.sub(" ", _SPACING.sub(" ", text.lower())).split())
-
-
-def _key(row: Row) -> str:
-    # A problem is a duplicate by its statement; a conversation by all its messages and tools.
-    if isinstance(row, MathProblem):
-        return row.problem
-    return row.model_dump_json(include={"messages", "tools"})
 
 
 class Dedup(Filter):
-    """Keeps the first of rows with the same text (``exact``) or normalized text."""
+    """Keeps the first of rows with the same text (``exact``) or normalized text.
+
+    A problem is a duplicate by its statement; a conversation by all its messages and tools.
+    """
 
     name: ClassVar[str] = "dedup"
+    keyed: ClassVar[bool] = True
 
     def __init__(self, mode: DedupMode = "normalized") -> None:
         self.mode = mode
 
-    def rejector(self) -> Callable[[Row], str | None]:
-        seen: set[bytes] = set()
-        transform = normalize_text if self.mode == "normalized" else str
+    def check(self, item: Item) -> bytes:
+        row = item.row
+        if type(row) is MathProblem:  # not isinstance: pydantic's metaclass makes it slow
+            text = item.text if self.mode == "normalized" else row.problem
+        else:
+            text = row.model_dump_json(include={"messages", "tools"})
+            if self.mode == "normalized":
+                text = normalize_text(text)
+        return hashlib.blake2b(text.encode(), digest_size=KEY_BYTES).digest()
 
-        def reject(row: Row) -> str | None:
-            digest = hashlib.blake2b(transform(_key(row)).encode(), digest_size=16).digest()
-            if digest in seen:
-                return f"duplicate ({self.mode})"
-            seen.add(digest)
-            return None
-
-        return reject
+    def repeat_reason(self) -> str:
+        return f"duplicate ({self.mode})"

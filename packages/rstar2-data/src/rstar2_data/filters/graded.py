@@ -8,13 +8,14 @@ paper's stage 3: 8 rollouts, drop 8/8).
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from rstar2_data.converters.base import RowKind
-from rstar2_data.filters.base import Filter, Row
+from rstar2_data.filters.base import Filter
+from rstar2_data.filters.text import Item
 from rstar2_data.jsonl import DataFileError, read_models
 from rstar2_data.schemas import GradedSample
 
@@ -68,14 +69,11 @@ class _Graded(Filter):
     def decide(self, tally: Tally) -> str | None:
         """The reason to remove a graded problem, or ``None`` to keep it."""
 
-    def rejector(self) -> Callable[[Row], str | None]:
-        def reject(row: Row) -> str | None:
-            tally = self.tallies.get(row.id)
-            if tally is None:
-                return None if self.keep_ungraded else "no graded samples"
-            return self.decide(tally)
-
-        return reject
+    def check(self, item: Item) -> str | None:
+        tally = self.tallies.get(item.row.id)
+        if tally is None:
+            return None if self.keep_ungraded else "no graded samples"
+        return self.decide(tally)
 
 
 class LabelVerification(_Graded):

@@ -14,11 +14,33 @@ from typing import Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from rstar2_sandbox.api.common import SETTINGS, check_batch, execute, parse_body, stream_results
+from rstar2_sandbox.api.common import (
+    SETTINGS,
+    check_batch,
+    execute,
+    json_bytes,
+    parse_body,
+    stream_results,
+)
+from rstar2_sandbox.api.limits import Body, expect_within_limit
 from rstar2_sandbox.dispatch import QueueFullError
-from rstar2_sandbox.models import MAX_CODE_BYTES, MAX_STDIN_BYTES, RunRequest, RunResult, RunStatus
+from rstar2_sandbox.models import (
+    DEFAULT_OUTPUT_LIMIT_BYTES,
+    MAX_CODE_BYTES,
+    MAX_STDIN_BYTES,
+    RunRequest,
+    RunResult,
+    RunStatus,
+)
 
 routes = web.RouteTableDef()
+# What each body may hold (``limits``): a submission's solution, input and expected output.
+_SUBMISSION_CHARS = MAX_CODE_BYTES + 2 * MAX_STDIN_BYTES
+BODIES = {
+    "/run": Body(_SUBMISSION_CHARS),
+    "/run/batch": Body(_SUBMISSION_CHARS, batch=True),
+    "/run/long-batch": Body(_SUBMISSION_CHARS, batch=True),
+}
 
 # Code Judge's reasons, and one of this service's: the run wrote more than a limit allows
 # (stdout/stderr cap, file size, its /tmp quota; stderr ends with a line saying which).
@@ -46,7 +68,9 @@ class Submission(BaseModel):
     solution: str = Field(max_length=MAX_CODE_BYTES, description="Python source.")
     input: str | None = Field(default=None, max_length=MAX_STDIN_BYTES, description="Stdin.")
     expected_output: str | None = Field(
-        default=None, description="When given, success also needs stdout to match (stripped)."
+        default=None,
+        max_length=MAX_STDIN_BYTES,
+        description="When given, success also needs stdout to match (stripped).",
     )
     sub_id: str | int | None = Field(default=None, description="Caller's id, echoed back.")
 
@@ -136,7 +160,7 @@ async def ping(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-@routes.post("/run")
+@routes.post("/run", expect_handler=expect_within_limit)
 async def run(request: web.Request) -> web.Response:
     """Run one submission."""
     submission = await parse_body(request, Submission)
@@ -150,12 +174,19 @@ async def _batch(request: web.Request) -> web.StreamResponse:
     check_batch(request.app, len(batch.submissions), "submissions")
 
     async def produce(index: int) -> bytes:
-        return (await _run(request.app, batch.submissions[index])).model_dump_json().encode()
+        return json_bytes(await _run(request.app, batch.submissions[index]))
 
     sub_id = batch.sub_id if batch.sub_id is not None else uuid.uuid4().hex
     head = b'{"sub_id":' + json.dumps(sub_id).encode() + b',"results":['
-    return await stream_results(request, len(batch.submissions), produce, head=head)
+    # Code Judge calls carry no output cap: each gets the default one (``_run``).
+    return await stream_results(
+        request,
+        len(batch.submissions),
+        produce,
+        head=head,
+        output_limit_bytes=lambda _: DEFAULT_OUTPUT_LIMIT_BYTES,
+    )
 
 
-routes.post("/run/batch")(_batch)
-routes.post("/run/long-batch")(_batch)
+routes.post("/run/batch", expect_handler=expect_within_limit)(_batch)
+routes.post("/run/long-batch", expect_handler=expect_within_limit)(_batch)

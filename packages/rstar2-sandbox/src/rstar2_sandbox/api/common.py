@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from rstar2_sandbox.api.streaming import ResponseBudget, stream_batch
+from rstar2_sandbox.api.limits import read_body
+from rstar2_sandbox.api.streaming import ResponseBudget, result_bytes, stream_batch
 from rstar2_sandbox.dispatch import Dispatcher, QueueFullError
 from rstar2_sandbox.metrics import Metrics
 from rstar2_sandbox.models import RunRequest, RunResult
@@ -22,6 +23,9 @@ METRICS = web.AppKey("metrics", Metrics)
 RESPONSE_BUDGET = web.AppKey("response_budget", ResponseBudget)
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+# Calls of one batch running or queued at once, at least: enough to keep a cluster's workers
+# fed (each holds up to twice its slots) while the batch's window is open.
+MIN_AHEAD = 64
 
 
 _ERRORS: dict[int, type[web.HTTPException]] = {
@@ -36,13 +40,6 @@ _ERRORS: dict[int, type[web.HTTPException]] = {
 def json_error(status: int, error: str, message: str, **extra: Any) -> web.HTTPException:
     """An HTTP error whose body is ``{"error": ..., "message": ..., ...}``."""
     body = json.dumps({"error": error, "message": message, **extra})
-    if status == 413:
-        return web.HTTPRequestEntityTooLarge(
-            max_size=extra.get("max_bytes", 0),
-            actual_size=extra.get("actual_bytes", 0),
-            text=body,
-            content_type="application/json",
-        )
     cls = _ERRORS.get(status, web.HTTPBadRequest)
     return cls(text=body, content_type="application/json")
 
@@ -66,17 +63,9 @@ def invalid(exc: ValidationError) -> web.HTTPException:
 
 
 async def parse_body(request: web.Request, model: type[ModelT]) -> ModelT:
-    """The request body validated as ``model``; 400/413/422 with a precise message otherwise."""
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        limit = request.app[SETTINGS].max_body_bytes
-        raise json_error(
-            413,
-            "body_too_large",
-            f"request body exceeds the limit of {limit} bytes (serve --max-body-mb)",
-            max_bytes=limit,
-        ) from exc
+    """The request body, judged by its size as it arrives (``limits``), validated as ``model``;
+    400/413/422 with a precise message otherwise."""
+    raw = await read_body(request)
     try:
         # Straight from the bytes: no intermediate dicts, so a large batch costs less memory.
         return model.model_validate_json(raw)
@@ -86,6 +75,12 @@ async def parse_body(request: web.Request, model: type[ModelT]) -> ModelT:
             message = f"request body is not valid JSON: {malformed[0]['msg']}"
             raise json_error(400, "malformed_json", message) from exc
         raise invalid(exc) from exc
+
+
+def json_bytes(model: BaseModel) -> bytes:
+    """``model`` as JSON bytes, without the text copy ``model_dump_json().encode()`` makes (a
+    result can hold megabytes of output)."""
+    return model.__pydantic_serializer__.to_json(model)
 
 
 def queue_full(exc: QueueFullError) -> web.HTTPException:
@@ -131,9 +126,14 @@ async def stream_results(
     produce: Callable[[int], Awaitable[bytes]],
     *,
     head: bytes,
+    output_limit_bytes: Callable[[int], int],
     tail: bytes = b"]}",
 ) -> web.StreamResponse:
-    """A batch response streamed in request order within the app's response budget."""
+    """A batch response streamed in request order within the app's response budget and window
+    (item ``i``'s calls cap each output stream at ``output_limit_bytes(i)``); up to twice as
+    many calls ahead as the dispatcher has slots (at least ``MIN_AHEAD``)."""
+    settings = request.app[SETTINGS]
+    slots = request.app[DISPATCHER].stats().slots
     return await stream_batch(
         request,
         count=count,
@@ -141,5 +141,8 @@ async def stream_results(
         head=head,
         tail=tail,
         budget=request.app[RESPONSE_BUDGET],
-        spool_dir=request.app[SETTINGS].spool_dir,
+        window_bytes=settings.response_buffer_mb << 20,
+        ahead=max(MIN_AHEAD, 2 * slots),
+        reserve=lambda index: result_bytes(output_limit_bytes(index)),
+        spool_dir=settings.spool_dir,
     )

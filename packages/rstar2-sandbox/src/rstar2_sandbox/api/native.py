@@ -12,10 +12,12 @@ from rstar2_sandbox.api.common import (
     SETTINGS,
     check_batch,
     execute,
+    json_bytes,
     parse_body,
     queue_full,
     stream_results,
 )
+from rstar2_sandbox.api.limits import BODY_LIMITS, Body, expect_within_limit
 from rstar2_sandbox.dispatch import DispatcherStats, QueueFullError
 from rstar2_sandbox.isolation import IsolationReport
 from rstar2_sandbox.models import (
@@ -26,6 +28,11 @@ from rstar2_sandbox.models import (
 )
 
 routes = web.RouteTableDef()
+# What each body may hold (``limits``): a call's code and stdin.
+BODIES = {
+    "/v1/run": Body(MAX_CODE_BYTES + MAX_STDIN_BYTES),
+    "/v1/run/batch": Body(MAX_CODE_BYTES + MAX_STDIN_BYTES, batch=True),
+}
 
 
 class Health(BaseModel):
@@ -48,6 +55,9 @@ class Info(BaseModel):
     dispatcher: DispatcherStats
     max_batch: int
     max_body_bytes: int
+    body_limits: dict[str, int] = Field(
+        description="Largest body each endpoint reads (from the code, stdin and batch limits)."
+    )
     max_code_chars: int = MAX_CODE_BYTES
     max_stdin_chars: int = MAX_STDIN_BYTES
     endpoints: list[str]
@@ -59,7 +69,7 @@ def _json(model: BaseModel, status: int = 200) -> web.Response:
     )
 
 
-@routes.post("/v1/run")
+@routes.post("/v1/run", expect_handler=expect_within_limit)
 async def run(request: web.Request) -> web.Response:
     """Run one call."""
     call = await parse_body(request, RunRequest)
@@ -70,7 +80,7 @@ async def run(request: web.Request) -> web.Response:
     return _json(result)
 
 
-@routes.post("/v1/run/batch")
+@routes.post("/v1/run/batch", expect_handler=expect_within_limit)
 async def run_batch(request: web.Request) -> web.StreamResponse:
     """Run many calls concurrently; results streamed in request order (a ``BatchResponse``)."""
     batch = await parse_body(request, BatchRequest)
@@ -78,10 +88,16 @@ async def run_batch(request: web.Request) -> web.StreamResponse:
 
     async def produce(index: int) -> bytes:
         result = await execute(request.app, batch.requests[index], "native")
-        return result.model_dump_json().encode()
+        return json_bytes(result)
 
     try:
-        return await stream_results(request, len(batch.requests), produce, head=b'{"results":[')
+        return await stream_results(
+            request,
+            len(batch.requests),
+            produce,
+            head=b'{"results":[',
+            output_limit_bytes=lambda index: batch.requests[index].output_limit_bytes,
+        )
     except QueueFullError as exc:
         raise queue_full(exc) from exc
 
@@ -109,6 +125,7 @@ async def info(request: web.Request) -> web.Response:
             dispatcher=request.app[DISPATCHER].stats(),
             max_batch=settings.max_batch,
             max_body_bytes=settings.max_body_bytes,
+            body_limits=request.app[BODY_LIMITS],
             endpoints=sorted(
                 {r.resource.canonical for r in request.app.router.routes() if r.resource}
             ),

@@ -11,6 +11,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from rstar2_sandbox.api.common import execute, parse_body, queue_full
+from rstar2_sandbox.api.limits import Body, expect_within_limit
 from rstar2_sandbox.dispatch import QueueFullError
 from rstar2_sandbox.models import (
     DEFAULT_MEMORY_MB,
@@ -23,6 +24,8 @@ from rstar2_sandbox.models import (
 )
 
 routes = web.RouteTableDef()
+# What the body may hold (``limits``): the code and stdin.
+BODIES = {"/run_code": Body(MAX_CODE_BYTES + MAX_STDIN_BYTES)}
 
 
 class RunCodeRequest(BaseModel):
@@ -81,7 +84,7 @@ def _fusion(result: RunResult) -> RunCodeResponse:
     )
 
 
-@routes.post("/run_code")
+@routes.post("/run_code", expect_handler=expect_within_limit)
 async def run_code(request: web.Request) -> web.Response:
     """Run one piece of code, SandboxFusion style."""
     body = await parse_body(request, RunCodeRequest)

@@ -1,11 +1,16 @@
-"""Batch responses streamed in request order, holding a bounded amount of memory.
+"""Batch responses streamed in request order, within a fixed window of bytes.
 
 A batch's results are written to the client as soon as every earlier one has been: item ``i``
 goes out when it and items ``0..i-1`` are done. Results that finish before their turn wait in a
 ``ResultSpool``: serialised, in memory while all streamed responses together hold less than the
-``ResponseBudget``, in an unlinked temporary file beyond it. So the front end's memory does not
-grow with the batch size: besides the request itself it holds the budget, the results of the
-calls running right now, and one write buffer per response.
+``ResponseBudget``, in an unlinked temporary file beyond it. Calls are admitted in order, a
+bounded number ahead of the one being written (``ahead``), and only while the batch's window
+(``window_bytes``) has room for the results waiting to be written plus, for each running call,
+the largest result it can produce (``result_bytes``: both of its output caps): a client that does
+not read stops its batch from running further, and a batch whose calls may print a lot runs fewer
+of them at once. So what a batch's results take in the front end, waiting or arriving, stays
+within its window (JSON escaping of control characters aside); over all batches the budget bounds
+the memory of waiting results, and a batch's temporary file holds at most its window.
 
 Nothing is sent until the first result is ready, so a batch the queue refuses at once still gets
 a plain 503. A failure after the response has started (say the queue refused a later item) cannot
@@ -27,8 +32,16 @@ from aiohttp import web
 
 log = logging.getLogger(__name__)
 
-# Results ready one after another are written together up to this many bytes.
+# A result's fields besides its two output streams, and the sandbox's notes on its limits.
+RESULT_OVERHEAD_BYTES = 4096
+# Results ready one after another are written together up to this many bytes; a larger one is
+# written in slices of this size.
 WRITE_BYTES = 1 << 16
+
+
+def result_bytes(output_limit_bytes: int) -> int:
+    """The largest result of a call with this cap on each output stream, serialised."""
+    return 2 * output_limit_bytes + RESULT_OVERHEAD_BYTES
 
 
 class ResponseBudget:
@@ -64,11 +77,14 @@ class ResultSpool:
         self._wanted: tuple[int, asyncio.Future[None]] | None = None
         self.closed = False
         self.spilled_bytes = 0
+        self.held_bytes = 0
+        """Bytes of results put and not yet taken, in memory or on disk."""
 
     def put(self, index: int, data: bytes) -> None:
         """Keep item ``index``'s result until it is taken (dropped once the spool is closed)."""
         if self.closed:
             return
+        self.held_bytes += len(data)
         if self.budget.take(len(data)):
             self._memory[index] = data
         else:
@@ -108,10 +124,12 @@ class ResultSpool:
         if index in self._memory:
             data = self._memory.pop(index)
             self.budget.give(len(data))
-            return data
-        offset, length = self._spilled.pop(index)
-        assert self._file is not None
-        return _read_at(self._file.fileno(), offset, length)
+        else:
+            offset, length = self._spilled.pop(index)
+            assert self._file is not None
+            data = _read_at(self._file.fileno(), offset, length)
+        self.held_bytes -= len(data)
+        return data
 
     def close(self) -> None:
         """Release memory and the spill file; later results are dropped."""
@@ -120,6 +138,7 @@ class ResultSpool:
             self.budget.give(len(data))
         self._memory.clear()
         self._spilled.clear()
+        self.held_bytes = 0
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -155,16 +174,36 @@ async def stream_batch(
     head: bytes,
     tail: bytes,
     budget: ResponseBudget,
+    window_bytes: int,
+    ahead: int,
+    reserve: Callable[[int], int],
     spool_dir: str | None = None,
 ) -> web.StreamResponse:
-    """Run ``produce(i)`` for every item at once; stream ``head``, the items joined by commas
-    in order, then ``tail``.
+    """Run ``produce(i)`` for every item; stream ``head``, the items joined by commas in order,
+    then ``tail``.
 
+    Items start in order, at most ``ahead`` of them running at once, each only while this
+    batch's results waiting to be written and the ``reserve(i)`` bytes of every running item
+    (the largest result it can produce) fit in ``window_bytes``; one item always may run.
     ``produce`` returns item ``i`` serialised as JSON. An exception from one (e.g. the queue
     refused the call) before anything was sent is raised here, after the other items are
     cancelled; after that, the connection is cut instead.
     """
     spool = ResultSpool(budget, spool_dir)
+    tasks: dict[int, asyncio.Task[None]] = {}
+    reserved: dict[int, int] = {}
+    admitted = 0
+
+    def admit() -> None:
+        nonlocal admitted
+        while admitted < count and len(tasks) < ahead and not spool.closed:
+            need = reserve(admitted)
+            in_use = spool.held_bytes + sum(reserved.values())
+            if in_use and in_use + need > window_bytes:
+                return
+            reserved[admitted] = need
+            tasks[admitted] = asyncio.ensure_future(run(admitted))
+            admitted += 1
 
     async def run(index: int) -> None:
         try:
@@ -175,8 +214,10 @@ async def stream_batch(
             spool.fail(index, exc)
         else:
             spool.put(index, data)
+        del tasks[index], reserved[index]
+        admit()
 
-    tasks = [asyncio.ensure_future(run(index)) for index in range(count)]
+    admit()
     response: web.StreamResponse | None = None
     # Items ready one after another go out in one write (one chunk, one system call).
     pending = [head]
@@ -184,9 +225,10 @@ async def stream_batch(
     try:
         for index in range(count):
             if response is not None and not spool.ready(index):
-                await response.write(b"".join(pending))
+                await _send(response, pending)
                 pending, pending_bytes = [], 0
             data = await spool.take(index)
+            admit()
             if response is None:
                 failure = spool.first_failure()
                 if failure is not None:
@@ -197,12 +239,12 @@ async def stream_batch(
             pending.append(data)
             pending_bytes += len(data)
             if pending_bytes >= WRITE_BYTES:
-                await response.write(b"".join(pending))
+                await _send(response, pending)
                 pending, pending_bytes = [], 0
         if response is None:
             response = await _start(request)
         pending.append(tail)
-        await response.write(b"".join(pending))
+        await _send(response, pending)
         await response.write_eof()
         return response
     except Exception as exc:
@@ -216,11 +258,31 @@ async def stream_batch(
         return response
     finally:
         spool.close()
-        for task in tasks:
+        running = list(tasks.values())
+        for task in running:
             task.cancel()
         # Calls still running finish in their slots; their results are dropped.
         with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*running, return_exceptions=True)
+
+
+async def _send(response: web.StreamResponse, parts: list[bytes]) -> None:
+    """Write ``parts`` in order: small ones joined into one write, a large one in slices of
+    ``WRITE_BYTES`` (each write is copied once more on its way out; slices keep that copy small
+    and let the client's pace, not the result's size, set what waits in the socket's buffer)."""
+    small: list[bytes] = []
+    for part in parts:
+        if len(part) <= WRITE_BYTES:
+            small.append(part)
+            continue
+        if small:
+            await response.write(b"".join(small))
+            small = []
+        view = memoryview(part)
+        for offset in range(0, len(part), WRITE_BYTES):
+            await response.write(view[offset : offset + WRITE_BYTES])
+    if small:
+        await response.write(b"".join(small))
 
 
 async def _start(request: web.Request) -> web.StreamResponse:

@@ -21,7 +21,12 @@ import types
 from dataclasses import dataclass
 from typing import NoReturn
 
-from rstar2_sandbox.executor.syscalls import CLONE_NEWNS, set_parent_death_signal, setns
+from rstar2_sandbox.executor.syscalls import (
+    CLONE_NEWNS,
+    set_dumpable,
+    set_parent_death_signal,
+    setns,
+)
 
 FILENAME = "main.py"
 STATUS_FD = 3
@@ -69,6 +74,7 @@ class ChildPlan:
     stderr_fd: int
     status_fd: int
     workdir: str
+    server_pid: int  # the fork-server, as the child sees it (1 in its own PID namespace)
     uid: int | None  # None: keep the server's uid (not root)
     # The slot's mount namespace (its own /tmp and /dev/shm, see ``slot_tmp``); None: the run
     # shares the fork-server's view and keeps its files in ``workdir`` only.
@@ -132,6 +138,9 @@ def _confine(plan: ChildPlan) -> None:
     if plan.uid is not None:
         os.chown(plan.workdir, plan.uid, plan.uid)
     os.chdir(plan.workdir)
+    # On disk, as for ``python main.py``: open(__file__), inspect, runpy and multiprocessing's
+    # spawn and forkserver start methods (which import the main module again) read it.
+    _write_main(plan.code, plan.uid)
 
     # The address-space budget comes on top of what the fork-server already maps (preloads).
     _set_limit(resource.RLIMIT_AS, plan.mapped_bytes + plan.address_space_bytes)
@@ -145,9 +154,11 @@ def _confine(plan: ChildPlan) -> None:
         os.setgroups([])
         os.setresgid(plan.uid, plan.uid, plan.uid)
         os.setresuid(plan.uid, plan.uid, plan.uid)
+        # The run's own processes see each other in /proc (hidepid shows a run nothing else).
+        set_dumpable()
     # After the uid change, which clears it: die with the fork-server.
     set_parent_death_signal(signal.SIGKILL)
-    if os.getppid() == 1:
+    if os.getppid() != plan.server_pid:
         raise RuntimeError("fork-server exited during setup")
 
     # The fork-server's environment is already minimal (nothing of the service's).
@@ -166,7 +177,11 @@ def _confine(plan: ChildPlan) -> None:
         line_buffering=True,
     )
     sys.argv = [FILENAME]
-    sys.path[0] = plan.workdir
+    sys.path.insert(0, plan.workdir)
+    mp_process = sys.modules.get("multiprocessing.process")
+    if mp_process is not None:
+        # Where spawned workers look for main.py (set when a preload imported multiprocessing).
+        mp_process.ORIGINAL_DIR = plan.workdir  # type: ignore[attr-defined]
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         # Forked children share the parent's generator state; ``random`` reseeds itself at fork.
@@ -184,6 +199,19 @@ def _confine(plan: ChildPlan) -> None:
     multiprocessing_util = sys.modules.get("multiprocessing.util")
     if multiprocessing_util is not None:
         atexit.register(multiprocessing_util._exit_function)
+
+
+def _write_main(code: str, uid: int | None) -> None:
+    """``main.py`` in the working directory (the current one), owned by the run's uid."""
+    fd = os.open(FILENAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        if uid is not None:
+            os.fchown(fd, uid, uid)
+        data = memoryview(code.encode("utf-8", "surrogatepass"))
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
 
 
 def _exit_code(exc: SystemExit) -> int:

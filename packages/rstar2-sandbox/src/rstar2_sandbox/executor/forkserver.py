@@ -27,9 +27,10 @@ import tempfile
 import time
 from typing import Any
 
-from rstar2_sandbox.executor.child import ChildPlan, child_main, minimal_environment
+from rstar2_sandbox.executor.child import FILENAME, ChildPlan, child_main, minimal_environment
 from rstar2_sandbox.executor.loop import Loop, Timer
 from rstar2_sandbox.executor.prefix_cache import PrefixCache
+from rstar2_sandbox.executor.rootfs import enter_root, plan_root, under
 from rstar2_sandbox.executor.slot_tmp import SlotTmp
 from rstar2_sandbox.executor.syscalls import (
     Feature,
@@ -37,6 +38,7 @@ from rstar2_sandbox.executor.syscalls import (
     enable_network_namespace,
     enable_private_tmp,
     enable_subreaper,
+    enter_pid_namespace,
     expose_python,
     kill_quietly,
     python_roots,
@@ -181,6 +183,7 @@ class Run:
             stderr_fd=err_w,
             status_fd=status_w,
             workdir=self.workdir,
+            server_pid=os.getpid(),
             uid=self.uid,
             mount_ns_fd=mount_ns_fd,
             mapped_bytes=server.mapped_bytes,
@@ -282,7 +285,7 @@ class Run:
         os.close(self.status_r)
         if self.server.slot_tmps:
             try:
-                self.server.slot_tmps[self.slot].reset(os.path.basename(self.workdir))
+                self.server.slot_tmps[self.slot].reset(os.path.basename(self.workdir), (FILENAME,))
             except OSError:
                 # The slot is closed: its next run makes the namespace again or fails cleanly.
                 log.exception("could not give slot %d a fresh /tmp", self.slot)
@@ -545,6 +548,14 @@ def _feature(result: Feature) -> dict[str, Any]:
     return {"active": result[0], "detail": result[1]}
 
 
+def _prune_sys_path(visible: list[str]) -> None:
+    """Keep only the ``sys.path`` entries runs can see (``visible``, as real paths)."""
+    kept = [p for p in sys.path if under(os.path.realpath(p), visible)]
+    for entry in set(sys.path) - set(kept):
+        sys.path_importer_cache.pop(entry, None)
+    sys.path[:] = kept
+
+
 def main() -> None:
     """Configure, isolate and preload, then serve calls until the pool closes the pipe."""
     logging.basicConfig(level=logging.INFO, format="forkserver %(process)d: %(message)s")
@@ -564,57 +575,31 @@ def main() -> None:
     isolate = bool(settings["isolate"])
     drop_uid = isolate and is_root
     reason = "" if drop_uid else ("disabled" if not isolate else "server is not root")
-    features = {
-        "unprivileged_uid": (drop_uid, reason),
-        "process_limit": (drop_uid, reason),
-        "subreaper": enable_subreaper(),
-        "rlimits": (True, ""),
-    }
+    slot_uids: list[int] = config["slot_uids"]
     # Found before any mount can hide them; runs must always be able to import from these.
     roots = python_roots()
     quotas = (int(settings["tmp_size_mb"]), int(settings["shm_size_mb"]))
+    # Sized for the fallback where runs keep their working directories in this /tmp.
+    shared_mb = quotas[0] * len(slot_uids)
+    host_pid = os.getpid()
+    features: dict[str, Feature] = {}
     if isolate:
+        # First: from here on this process is pid 1 of its own PID namespace (its parent, left
+        # outside, only waits for it), in a mount namespace of its own with its own /proc.
+        features["pid_namespace"], host_pid = enter_pid_namespace((ctl_in, ctl_out))
+        logging.getLogger().handlers[0].setFormatter(
+            logging.Formatter(f"forkserver {host_pid}: %(message)s")
+        )
         features["network_namespace"] = enable_network_namespace()
-        # Sized for the fallback where runs keep their working directories here.
-        shared_mb = quotas[0] * len(config["slot_uids"])
-        features["private_tmp"] = enable_private_tmp(shared_mb, keep=roots)
+        features["private_tmp"] = enable_private_tmp(
+            shared_mb, keep=roots, new_namespace=not features["pid_namespace"][0]
+        )
     else:
-        features["network_namespace"] = features["private_tmp"] = (False, "disabled")
-    if drop_uid:
-        exposed = expose_python(roots) if features["private_tmp"][0] else (True, "")
-        readable = can_read_python_as(config["slot_uids"][0]) if exposed[0] else exposed
-        if not readable[0]:
-            # Runs that cannot import are useless: keep the server's uid and say why.
-            drop_uid = False
-            features["unprivileged_uid"] = features["process_limit"] = readable
-        elif exposed[1]:
-            features["unprivileged_uid"] = (True, exposed[1])
-    run_tmp_mb: tuple[int, int] | None = None
-    slot_tmps: list[SlotTmp] = []
-    if features["private_tmp"][0]:
-        workroot = "/tmp"
-        keep_under_tmp = [root for root in roots if root.startswith("/tmp/")]
-        try:
-            slot_tmps = [SlotTmp(*quotas, keep_under_tmp) for _ in config["slot_uids"]]
-        except OSError as exc:
-            for slot_tmp in slot_tmps:
-                slot_tmp.close()
-            slot_tmps = []
-            features["run_tmp"] = (False, str(exc))
-        else:
-            run_tmp_mb = quotas
-            features["run_tmp"] = (
-                True,
-                f"/tmp {quotas[0]} MiB (working directory included), /dev/shm {quotas[1]} MiB",
-            )
-    else:
-        features["run_tmp"] = (False, "disabled" if not isolate else "needs private_tmp")
-        workroot = tempfile.mkdtemp(prefix="rstar2-sandbox-")
-        os.chmod(workroot, 0o711)
-    if drop_uid:
-        # Leftovers of an earlier fork-server that held these uids and died.
-        for uid in config["slot_uids"]:
-            kill_uid(uid)
+        features["pid_namespace"] = features["network_namespace"] = (False, "disabled")
+        features["private_tmp"] = (False, "disabled")
+    # Not inherited across the fork above.
+    features["subreaper"] = enable_subreaper()
+    features["rlimits"] = (True, "")
 
     # Before preloading (numeric libraries size their thread pools at import); runs inherit it.
     os.environ.clear()
@@ -633,6 +618,60 @@ def main() -> None:
         # The first reseed imports and initialises its entropy source (~30 ms); do it once here
         # instead of in every child.
         numpy.random.seed()
+
+    # After preloading, which reads the host's files: the root holding only what runs need.
+    keep_under_tmp = [root for root in roots if root.startswith("/tmp/")]
+    if features["private_tmp"][0]:
+        plan = plan_root(preloaded, slot_uids)
+        visible = [os.path.realpath(path) for path in plan.read_only]
+        features["filesystem_root"] = enter_root(plan, tempfile.mkdtemp(prefix="root-"))
+        if features["filesystem_root"][0]:
+            _prune_sys_path(visible)
+            keep_under_tmp = [path for path in plan.read_only if path.startswith("/tmp/")]
+            # The root's own /tmp and /dev/shm, which each slot's namespace covers in turn.
+            features["private_tmp"] = enable_private_tmp(
+                shared_mb, keep_under_tmp, new_namespace=False, directories=("/tmp", "/dev/shm")
+            )
+    else:
+        features["filesystem_root"] = (False, "disabled" if not isolate else "needs private_tmp")
+    features["unprivileged_uid"] = features["process_limit"] = (drop_uid, reason)
+    if drop_uid:
+        exposed: Feature = (True, "")
+        if features["private_tmp"][0] and not features["filesystem_root"][0]:
+            exposed = expose_python(roots)
+        readable = can_read_python_as(slot_uids[0]) if exposed[0] else exposed
+        if not readable[0]:
+            # Runs that cannot import are useless: keep the server's uid and say why.
+            drop_uid = False
+            features["unprivileged_uid"] = features["process_limit"] = readable
+        elif exposed[1]:
+            features["unprivileged_uid"] = (True, exposed[1])
+    run_tmp_mb: tuple[int, int] | None = None
+    slot_tmps: list[SlotTmp] = []
+    if features["private_tmp"][0]:
+        workroot = "/tmp"
+        try:
+            slot_tmps = [SlotTmp(*quotas, keep_under_tmp) for _ in slot_uids]
+        except OSError as exc:
+            for slot_tmp in slot_tmps:
+                slot_tmp.close()
+            slot_tmps = []
+            features["run_tmp"] = (False, str(exc))
+        else:
+            run_tmp_mb = quotas
+            features["run_tmp"] = (
+                True,
+                f"/tmp {quotas[0]} MiB (working directory included), /dev/shm {quotas[1]} MiB",
+            )
+    else:
+        features["run_tmp"] = (False, "disabled" if not isolate else "needs private_tmp")
+        workroot = tempfile.mkdtemp(prefix="rstar2-sandbox-")
+        os.chmod(workroot, 0o711)
+    if drop_uid:
+        # Leftovers of an earlier fork-server that held these uids and died.
+        for uid in slot_uids:
+            kill_uid(uid)
+
     # Objects that exist now are never collected: children then do not touch (copy) their pages.
     gc.collect()
     gc.freeze()
@@ -644,7 +683,7 @@ def main() -> None:
     )
     server.send(
         {
-            "pid": os.getpid(),
+            "pid": host_pid,
             "preloaded": preloaded,
             "failed_preloads": failed,
             "isolation": {name: _feature(value) for name, value in features.items()},

@@ -126,6 +126,8 @@ class ForkServerProcess:
             future = self.pending.pop(int(message["id"]), None)
             if future is not None and not future.done():
                 future.set_result(RunResult.model_validate(message["result"]))
+            # Not kept while waiting for the next frame: a result can hold megabytes of output.
+            del body, message
         self.ready.clear()
         for future in self.pending.values():
             if not future.done():
@@ -257,8 +259,13 @@ class ExecutorPool:
 
     @property
     def server_pids(self) -> list[int]:
-        """Process ids of the running fork-servers."""
-        return [s.process.pid for s in self._servers if s.process and s.process.returncode is None]
+        """Process ids of the running fork-servers (each the first process of its own PID
+        namespace, where it has one; the process started for it only waits for it)."""
+        return [
+            s.info.pid
+            for s in self._servers
+            if s.info and s.process and s.process.returncode is None
+        ]
 
     @property
     def live_servers(self) -> int:

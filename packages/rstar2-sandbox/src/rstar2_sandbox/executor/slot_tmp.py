@@ -17,6 +17,7 @@ Standard library only (see ``syscalls``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from rstar2_sandbox.executor.syscalls import CLONE_NEWNS, cover, mount_quota_options, unshare
@@ -87,11 +88,14 @@ class SlotTmp:
         tmp, shm = os.statvfs(self.tmp_fd), os.statvfs(self.shm_fd)
         return tmp.f_files - tmp.f_ffree, shm.f_files - shm.f_ffree
 
-    def reset(self, workdir: str) -> bool:
+    def reset(self, workdir: str, files: tuple[str, ...] = ()) -> bool:
         """After a run (all of its processes gone): remove its working directory (a name in
-        ``/tmp``) and make sure nothing else is left; a new namespace when something is.
-        Returns whether the slot was clean."""
+        ``/tmp``) with the ``files`` the sandbox put there, and make sure nothing else is left;
+        a new namespace when something is. Returns whether the slot was clean."""
         try:
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(workdir, name), dir_fd=self.tmp_fd)
             os.rmdir(workdir, dir_fd=self.tmp_fd)
             clean = self._used() == self._baseline
         except OSError:

@@ -12,17 +12,30 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import select
 import signal
 import sys
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
+MS_RDONLY = 0x1
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_NOATIME = 0x400
+MS_NODIRATIME = 0x800
+MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21
+MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
+# pivot_root(2) has no libc wrapper; its number differs between architectures.
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 
 # World-writable places where an unprivileged run could otherwise leave files for other runs.
 SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
@@ -57,9 +70,140 @@ def mount(source: str, target: str, fstype: str | None, flags: int, data: str | 
     )
 
 
+def umount_detached(target: str) -> None:
+    """Detach the mount at ``target`` (``umount2(MNT_DETACH)``)."""
+    _check(_libc.umount2(target.encode(), ctypes.c_int(MNT_DETACH)), f"umount {target}")
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    """``pivot_root(2)``."""
+    machine = os.uname().machine
+    number = _SYS_PIVOT_ROOT.get(machine)
+    if number is None:
+        raise OSError(errno.ENOSYS, f"pivot_root: unknown syscall number on {machine}")
+    _check(_libc.syscall(number, new_root.encode(), put_old.encode()), "pivot_root")
+
+
+def bind_read_only(source: str, target: str, *, devices: bool = False) -> None:
+    """Bind ``source`` at ``target``, read-only, without set-uid programs (or devices, unless
+    ``devices``): the flags the source's own mount has are kept, since a mount may not lose them.
+    """
+    mount(source, target, None, MS_BIND, None)
+    kept = os.statvfs(source).f_flag
+    flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | (0 if devices else MS_NODEV)
+    for st_flag, ms_flag in (
+        (os.ST_NODEV, MS_NODEV),
+        (os.ST_NOEXEC, MS_NOEXEC),
+        (os.ST_NOATIME, MS_NOATIME),
+        (os.ST_NODIRATIME, MS_NODIRATIME),
+        (os.ST_RELATIME, MS_RELATIME),
+    ):
+        if kept & st_flag:
+            flags |= ms_flag
+    mount("none", target, None, flags, None)
+
+
+def enter_pid_namespace(keep_out: tuple[int, ...] = ()) -> tuple[Feature, int]:
+    """Go on in a new PID namespace, as its second process, with a ``/proc`` of its own.
+
+    Three processes come of this one. The caller stays outside: it waits, then exits as the
+    namespace's first process did. That one (pid 1, the namespace's init) only reaps and, when the
+    second exits, exits with its status; when it exits, the kernel kills everything left in the
+    namespace. The second (pid 2) returns from here, in a new private mount namespace with the
+    new PID namespace's own ``/proc``. Being an ordinary process of the namespace, not its init,
+    it receives orphans as a subreaper would, and signals as anywhere else (and ``kill(-1)``
+    from a run reaches it, as on any host, where it fails for want of permission). The two
+    others close the descriptors in ``keep_out``. Returns the feature and the second's pid as the
+    caller's namespace sees it. When ``/proc`` cannot be mounted (say a container masks parts of
+    the host's), the caller goes on alone, outside, and the feature is inactive.
+    """
+    own_pid = os.getpid()
+    try:
+        outside = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        return (False, f"cannot open the PID namespace: {exc}"), own_pid
+    try:
+        unshare(CLONE_NEWPID)
+    except OSError as exc:
+        os.close(outside)
+        return (False, f"unshare(CLONE_NEWPID) failed: {exc}"), own_pid
+    ready_r, ready_w = os.pipe()
+    # Held open by the caller until it exits: at EOF, it is gone.
+    alive_r, alive_w = os.pipe()
+    init = os.fork()
+    if init == 0:
+        os.close(ready_r)
+        os.close(alive_w)
+        os.close(outside)
+        set_parent_death_signal(signal.SIGKILL)
+        if select.select([alive_r], [], [], 0)[0]:
+            os._exit(1)  # the caller died before the signal was armed
+        os.close(alive_r)
+        server = os.fork()
+        if server == 0:
+            # Killed with the namespace should pid 1 go: no parent-death signal needed.
+            answer = b"ok"
+            try:
+                # Read before /proc is replaced: this process as the caller's namespace sees it.
+                host_pid = int(os.readlink("/proc/self"))
+                unshare(CLONE_NEWNS)
+                mount("none", "/", None, MS_REC | MS_PRIVATE, None)
+                mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+            except OSError as exc:
+                answer = str(exc).encode()
+            os.write(ready_w, answer)
+            os.close(ready_w)
+            if answer != b"ok":
+                os._exit(0)
+            return (True, ""), host_pid
+        os.close(ready_w)
+        for fd in keep_out:
+            os.close(fd)
+        os._exit(_reap_until(server))
+    os.close(ready_w)
+    os.close(alive_r)
+    answer = os.read(ready_r, 4096)
+    os.close(ready_r)
+    if answer != b"ok":
+        os.close(alive_w)
+        os.waitpid(init, 0)
+        # Forks go to this process's own namespace again (the new one lost its pid 1).
+        setns(outside, CLONE_NEWPID)
+        os.close(outside)
+        return (False, f"no /proc of its own in a PID namespace: {answer.decode()}"), own_pid
+    os.close(outside)
+    for fd in keep_out:
+        os.close(fd)
+    code = os.waitstatus_to_exitcode(os.waitpid(init, 0)[1])
+    if code > 128:
+        # Die as the fork-server did, so whoever started this process sees the same end.
+        signal.signal(code - 128, signal.SIG_DFL)
+        os.kill(os.getpid(), code - 128)
+    os._exit(code & 0xFF)
+
+
+def _reap_until(pid: int) -> int:
+    """Reap every child (as a namespace's init must) until ``pid`` exits; its exit code, or 128
+    plus the signal that killed it."""
+    while True:
+        try:
+            child, status = os.wait()
+        except InterruptedError:
+            continue
+        if child == pid:
+            code = os.waitstatus_to_exitcode(status)
+            return 128 - code if code < 0 else code
+
+
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
     """Have the kernel send ``sig`` to this process when the thread that forked it exits."""
     _check(_libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(sig), 0, 0, 0), "prctl(PDEATHSIG)")
+
+
+def set_dumpable() -> None:
+    """Let processes of this uid inspect this one (``/proc/<pid>``, ``ptrace``), as for any
+    process a user starts; a change of uid had made it root's to inspect only."""
+    _check(_libc.prctl(PR_SET_DUMPABLE, ctypes.c_ulong(1), 0, 0, 0), "prctl(DUMPABLE)")
 
 
 def enable_subreaper() -> Feature:
@@ -80,25 +224,32 @@ def enable_network_namespace() -> Feature:
     return True, ""
 
 
-def enable_private_tmp(size_mb: int, keep: list[str]) -> Feature:
+def enable_private_tmp(
+    size_mb: int,
+    keep: list[str],
+    *,
+    new_namespace: bool = True,
+    directories: tuple[str, ...] = SHARED_WRITABLE_DIRS,
+) -> Feature:
     """Hide the shared writable directories behind private, root-owned tmpfs mounts.
 
-    Runs this process in a new mount namespace, so the host never sees these mounts; they vanish
-    with the process. Runs cannot create files in them (mode 0711): each run enters a namespace
-    with its own ``/tmp`` and ``/dev/shm`` over them (``slot_tmp``), or, where that fails, keeps
-    its working directory in this ``/tmp``. Directories in ``keep`` (the Python installation, say
-    a virtual environment under ``/tmp``) stay reachable: they are bound back into the tmpfs that
-    covers them.
+    Runs this process in a new mount namespace (with ``new_namespace``; else it has its own
+    already), so the host never sees these mounts; they vanish with the process. Runs cannot
+    create files in them (mode 0711): each run enters a namespace with its own ``/tmp`` and
+    ``/dev/shm`` over them (``slot_tmp``), or, where that fails, keeps its working directory in
+    this ``/tmp``. Directories in ``keep`` (the Python installation, say a virtual environment
+    under ``/tmp``) stay reachable: they are bound back into the tmpfs that covers them.
     """
     try:
-        unshare(CLONE_NEWNS)
-        # Keep our mounts from propagating back to the host's namespace.
-        mount("none", "/", None, MS_REC | MS_PRIVATE, None)
+        if new_namespace:
+            unshare(CLONE_NEWNS)
+            # Keep our mounts from propagating back to the host's namespace.
+            mount("none", "/", None, MS_REC | MS_PRIVATE, None)
     except OSError as exc:
         return False, f"mount namespace unavailable: {exc}"
     hidden: list[str] = []
     visible: list[str] = []
-    for directory in SHARED_WRITABLE_DIRS:
+    for directory in directories:
         inside = [root for root in keep if root.startswith(directory + os.sep)]
         if not os.path.isdir(directory) or directory in keep:
             visible.append(directory)
@@ -138,9 +289,6 @@ def kill_quietly(pid: int, sig: int = signal.SIGKILL, *, group: bool = False) ->
     except OSError as exc:
         if exc.errno not in (errno.ESRCH, errno.EPERM):
             raise
-
-
-MS_BIND = 0x1000
 
 
 def python_roots() -> list[str]:
@@ -200,9 +348,7 @@ def expose_python(roots: list[str]) -> Feature:
 
 def can_read_python_as(uid: int) -> Feature:
     """Check, in a forked probe that becomes ``uid``, that a run could import the stdlib."""
-    import sysconfig
-
-    stdlib = sysconfig.get_paths()["stdlib"]
+    stdlib = os.path.dirname(os.__file__)
     probe = os.path.join(stdlib, "secrets.py")
     pid = os.fork()
     if pid == 0:

@@ -9,22 +9,34 @@ from rstar2_scheduler.engines.openai_dialect import PromptFormat, ServerCapabili
 from rstar2_scheduler.engines.process import ProcessEngine, ProcessEngineConfig
 from rstar2_scheduler.engines.server_metrics import parse_kv_metrics
 from rstar2_scheduler.engines.transformers import TransformersEngine, TransformersEngineConfig
-from rstar2_scheduler.engines.vllm import VLLMEngine, VLLMEngineConfig, WeightSyncStats
+from rstar2_scheduler.engines.vllm import (
+    LogprobsMode,
+    SyncPhase,
+    VLLMEngine,
+    VLLMEngineConfig,
+    WeightSyncStats,
+    logprobs_mode_for,
+    temperature_logprobs,
+)
 from rstar2_scheduler.engines.vllm_worker import WeightSyncExtension
 
 __all__ = [
     "EndpointError",
+    "LogprobsMode",
     "OpenAIEngine",
     "OpenAIEngineConfig",
     "ProcessEngine",
     "ProcessEngineConfig",
     "PromptFormat",
     "ServerCapabilities",
+    "SyncPhase",
     "TransformersEngine",
     "TransformersEngineConfig",
     "VLLMEngine",
     "VLLMEngineConfig",
     "WeightSyncExtension",
     "WeightSyncStats",
+    "logprobs_mode_for",
     "parse_kv_metrics",
+    "temperature_logprobs",
 ]

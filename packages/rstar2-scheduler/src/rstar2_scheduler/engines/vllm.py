@@ -15,19 +15,28 @@ CUDA IPC (``vllm_wire``), and described by plain records that vLLM's encoder acc
 
 One ``update_weights`` call is one sync: it wakes the weights if the engine sleeps, holds
 scheduling while buckets load (requests in flight continue afterwards, recomputed under the new
-weights), then resets the prefix cache and records the version. In colocated training call
-``sleep(2)`` (weights discarded), ``update_weights`` (the weights wake first, the KV cache stays
-asleep) and then ``wake_up()`` (the KV cache), as verl and TRL do.
+weights), hands the staging memory back to the driver, then resets the prefix cache and records
+the version. In colocated training call ``sleep(2)`` (weights discarded), ``update_weights`` (the
+weights wake first, the KV cache stays asleep) and then ``wake_up()`` (the KV cache), as verl and
+TRL do. After ``sleep(2)`` a sync must write every parameter, and every part (q/k/v, gate/up) of
+every fused one.
 
-Token ids go in and out unchanged. Log-probs are those of the sampled tokens; the engine is
-started with ``logprobs_mode="processed_logprobs"`` so they are temperature-scaled, matching what
-the trainer recomputes. KV statistics come from vLLM's own scheduler statistics through a stat
-logger: cache usage (``kv_cache_usage``), running and waiting requests, preemptions.
+Token ids go in and out unchanged. Log-probs are those of the sampled tokens, meant to equal what
+a trainer recomputes: ``log_softmax(logits / T)`` at the token (plain logits when greedy), not
+renormalised over a top-p nucleus. vLLM has no such mode for every request, so the engine is
+started with the ``logprobs_mode`` that gives it for the sampling it serves (``logprobs_mode_for``):
+``processed_logprobs`` (after temperature, top-p and top-k) is it while ``top_p == 1``,
+``raw_logprobs`` (before temperature) while ``T == 1``. Other requests are served with a warning.
+Each result carries the version of the weights it started under. KV statistics come from vLLM's
+own scheduler statistics through a stat logger: cache usage (``kv_cache_usage``), running and
+waiting requests, preemptions.
 
 What has been run: this module is type-checked against vLLM 0.32.0 and 0.33.0 (mypy with vLLM's
-own annotations); the sync payload is encoded with vLLM's own encoder, and the sync plan, sleep
-and wake are run against a stand-in for ``AsyncLLM`` that applies vLLM's rules, on a CPU. No GPU
-with vLLM was available: no model has been served or synced through this class.
+own annotations); the sync payload is encoded with vLLM's own encoder; the sync plan, sleep and
+wake are run against a stand-in for ``AsyncLLM`` that applies vLLM's rules, whose model loads
+through vLLM's own fused layers and ``AutoWeightsLoader`` where vLLM is installed; the log-prob
+modes are checked against vLLM's own sampler, on a CPU. No GPU with vLLM was available: no model
+has been served or synced through this class.
 """
 
 from __future__ import annotations
@@ -35,10 +44,10 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rstar2_scheduler.engine import (
     Capability,
@@ -52,6 +61,7 @@ from rstar2_scheduler.engine import (
 )
 from rstar2_scheduler.engines.vllm_sync import (
     fused_members,
+    packed_parts,
     plan_buckets,
     stage_bucket,
 )
@@ -69,6 +79,38 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+LogprobsMode = Literal["processed_logprobs", "raw_logprobs"]
+"""The vLLM ``logprobs_mode`` values that give log-probs (its ``*_logits`` modes give logits)."""
+
+
+def temperature_logprobs(mode: LogprobsMode, sampling: SamplingParams) -> bool:
+    """Whether vLLM started with ``mode`` reports ``log_softmax(logits / T)`` at each sampled
+    token (of the plain logits when greedy) for a request sampled with ``sampling``: what a
+    trainer recomputes. ``processed_logprobs`` are taken after temperature and after top-p
+    masking (renormalised over the nucleus), ``raw_logprobs`` before temperature; both are the
+    plain log-softmax for greedy requests."""
+    if sampling.temperature == 0:
+        return True
+    if mode == "raw_logprobs":
+        return sampling.temperature == 1.0
+    return sampling.top_p == 1.0
+
+
+def logprobs_mode_for(temperature: float, top_p: float) -> LogprobsMode:
+    """The ``logprobs_mode`` under which vLLM's log-probs of requests sampled at ``temperature``
+    and ``top_p`` are ``log_softmax(logits / temperature)`` at the sampled token. Raises
+    ``ValueError`` for ``top_p < 1`` at a temperature other than 0 and 1: vLLM reports no such
+    log-prob then."""
+    sampling = SamplingParams(max_new_tokens=1, temperature=temperature, top_p=top_p)
+    for mode in ("processed_logprobs", "raw_logprobs"):
+        if temperature_logprobs(mode, sampling):
+            return mode
+    raise ValueError(
+        f"vLLM cannot report temperature-{temperature:g} log-probs for top_p {top_p:g}: its "
+        "processed_logprobs are renormalised over the top-p nucleus and its raw_logprobs come "
+        "before temperature; sample with top_p 1 or temperature 1"
+    )
 
 
 def _require_vllm() -> None:
@@ -104,6 +146,23 @@ class VLLMEngineConfig(BaseModel):
         gt=0,
         description="Longest wait for the workers to load one bucket (None: no limit).",
     )
+    logprobs_mode: LogprobsMode = Field(
+        default="processed_logprobs",
+        description="vLLM's logprobs_mode. processed_logprobs: log_softmax(logits / T) while "
+        "top_p is 1 (renormalised over the nucleus below 1); raw_logprobs: log_softmax(logits) "
+        "before temperature, the same at T = 1 for any top_p. logprobs_mode_for(T, top_p) picks "
+        "the one a trainer's recomputation matches.",
+    )
+
+    @field_validator("engine_args")
+    @classmethod
+    def _no_logprobs_mode(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "logprobs_mode" in value:
+            raise ValueError(
+                "set logprobs_mode as the config's own field (processed_logprobs or "
+                "raw_logprobs), not in engine_args"
+            )
+        return value
 
 
 class _Statistics:
@@ -185,7 +244,7 @@ def engine_arguments(config: VLLMEngineConfig) -> dict[str, Any]:
     """The ``AsyncEngineArgs`` fields ``VLLMEngine`` starts vLLM with: the config's, the
     log-prob mode and worker extension weight syncs need, and, with several ranks, workers as
     child processes."""
-    arguments: dict[str, Any] = {"logprobs_mode": "processed_logprobs", **config.engine_args}
+    arguments: dict[str, Any] = {"logprobs_mode": config.logprobs_mode, **config.engine_args}
     _check_extension(arguments.setdefault("worker_extension_cls", WORKER_EXTENSION))
     ranks = int(arguments.get("tensor_parallel_size") or 1) * int(
         arguments.get("pipeline_parallel_size") or 1
@@ -197,8 +256,25 @@ def engine_arguments(config: VLLMEngineConfig) -> dict[str, Any]:
     return arguments
 
 
+SyncPhaseName = Literal["start", "woken", "loaded", "released"]
+
+
+class SyncPhase(BaseModel):
+    """Where a sync stood at the end of one phase: ``start`` (before anything), ``woken`` (the
+    weights awake), ``loaded`` (every bucket loaded on every rank), ``released`` (staging buffers
+    freed and cached memory handed back to the driver: what the KV cache can wake into)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: SyncPhaseName
+    seconds: float = Field(ge=0, description="Since the sync started.")
+    free_bytes: dict[str, int] = Field(
+        description="GPU UUID -> free memory on it, as the driver reports (every process)."
+    )
+
+
 class WeightSyncStats(BaseModel):
-    """What the last ``update_weights`` moved, and how long it took."""
+    """What the last ``update_weights`` moved, how long it took, and GPU memory on the way."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -209,6 +285,25 @@ class WeightSyncStats(BaseModel):
     gpus: int = Field(ge=0, description="GPUs a copy of each bucket was staged on.")
     seconds: float = Field(ge=0, description="Wall time of the whole sync.")
     version: str | None = None
+    phases: list[SyncPhase] = Field(default_factory=list)
+
+
+class _RankLoads:
+    """What one rank reported writing during a sync."""
+
+    def __init__(self) -> None:
+        self.loaded: set[str] | None = set()  # None: its load_weights reports nothing
+        self.shards: dict[str, set[int]] = {}
+        self.unknown: set[str] = set()
+
+    def add(self, report: BucketReport) -> None:
+        if report.loaded is None:
+            self.loaded = None
+        elif self.loaded is not None:
+            self.loaded.update(report.loaded)
+        for name, parts in report.shards.items():
+            self.shards.setdefault(name, set()).update(parts)
+        self.unknown.update(report.unknown_shards)
 
 
 _ALL_TAGS = frozenset({"weights", "kv_cache"})
@@ -246,6 +341,7 @@ class VLLMEngine(Engine):
         self._asleep: set[str] = set()
         self._discarded: str | None = None  # why the weights are not whole, if they are not
         self._in_flight = 0
+        self._unlike_trainer: set[tuple[float, float]] = set()  # samplings already warned of
         self.weights_version: str | None = None
         self.last_sync: WeightSyncStats | None = None
         if llm is not None:
@@ -309,6 +405,30 @@ class VLLMEngine(Engine):
             )
         return None
 
+    def _check_logprobs(self, sampling: SamplingParams) -> None:
+        """Warn, once per sampling, when this request's log-probs are not those a trainer
+        recomputes (they are served all the same: evaluation does not use them)."""
+        mode = self.config.logprobs_mode
+        key = (sampling.temperature, sampling.top_p)
+        if temperature_logprobs(mode, sampling) or key in self._unlike_trainer:
+            return
+        self._unlike_trainer.add(key)
+        meaning = (
+            "renormalised over the top-p nucleus"
+            if mode == "processed_logprobs"
+            else "taken before temperature"
+        )
+        logger.warning(
+            "%s: log-probs of requests at temperature %g, top_p %g are vLLM's %s, %s, not the "
+            "log_softmax(logits / T) a trainer recomputes; to train on them start the engine "
+            "with logprobs_mode=logprobs_mode_for(T, top_p)",
+            self.name,
+            sampling.temperature,
+            sampling.top_p,
+            mode,
+            meaning,
+        )
+
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         await self.start()
         refusal = self._refusal()
@@ -316,6 +436,10 @@ class VLLMEngine(Engine):
             return GenerationResult.failed(request.request_id, refusal)
         from vllm import TokensPrompt
 
+        self._check_logprobs(request.sampling)
+        # A sync while the request runs lets it continue under the new weights: it is labelled
+        # with the weights it started under, the oldest of any of its tokens.
+        version = self.weights_version
         params = vllm_sampling_params(request.sampling)
         final = None
         self._in_flight += 1
@@ -354,6 +478,7 @@ class VLLMEngine(Engine):
             token_ids=tuple(token_ids),
             logprobs=tuple(logprobs),
             finish_reason=reason,
+            weights_version=version,
         )
 
     async def _rpc(self, method: str, **kwargs: Any) -> list[Any]:
@@ -409,15 +534,17 @@ class VLLMEngine(Engine):
 
     async def update_weights(self, weights: NamedTensors, *, version: str | None = None) -> None:
         """One sync: wake the weights if they sleep (the KV cache stays asleep for
-        ``wake_up``), hold scheduling, load ``weights`` bucket by bucket on every worker, then
-        reset the prefix cache, record ``version`` and resume scheduling.
+        ``wake_up``), hold scheduling, load ``weights`` bucket by bucket on every worker, hand
+        the staging memory back to the driver, then reset the prefix cache, record ``version``
+        and resume scheduling. ``last_sync`` says what moved, with free GPU memory after each
+        phase.
 
-        After ``sleep(level=2)`` (or a failed sync) the call must bring every parameter;
-        otherwise any subset loads. The tensors may live on any device of this process.
+        After ``sleep(level=2)`` (or a failed sync) the call must bring every parameter and
+        every part of every fused one (q/k/v, gate/up); otherwise any subset loads. The tensors
+        may live on any device of this process.
         """
         started = time.perf_counter()
         llm = self.llm
-        await self._wake({"weights"})
         workers = await self.workers()
         quantized = sorted({w.quantization for w in workers if w.quantization})
         if quantized:
@@ -426,9 +553,12 @@ class VLLMEngine(Engine):
                 "through load_weights, which does not quantize them again"
             )
         targets = self._targets(workers)
+        phases = [self._phase("start", started, targets)]
+        await self._wake({"weights"})
+        phases.append(self._phase("woken", started, targets))
         members = fused_members(workers[0].packed_modules)
         limit = max(1, round(self.config.weight_bucket_mb * 2**20))
-        loaded: dict[int, set[str] | None] = {w.rank: set() for w in workers}
+        loads = {w.rank: _RankLoads() for w in workers}
         tensors = nbytes = buckets = 0
         paused = not self._asleep  # while anything sleeps, vLLM's scheduler is paused already
         if paused:
@@ -437,24 +567,28 @@ class VLLMEngine(Engine):
             for bucket in plan_buckets(weights, limit_bytes=limit, members=members):
                 staged = stage_bucket(buckets, bucket, targets, self._transport)
                 replies = await self._rpc("rstar2_load_weights", bucket=staged.payload.model_dump())
-                self._record_loads(buckets, len(bucket), workers, replies, loaded)
+                self._record_loads(buckets, len(bucket), workers, replies, loads)
                 tensors += len(bucket)
                 nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
                 buckets += 1
                 del staged, bucket  # every worker has loaded it: its buffers may go
-            self._transport.collect()
-            self._check_complete(workers, loaded)
+            phases.append(self._phase("loaded", started, targets))
+            self._free_staging()
+            await self._rpc("rstar2_release_memory")
+            phases.append(self._phase("released", started, targets))
+            self._check_complete(workers, loads)
             await self.reset_prefix_cache()
             if version is not None:
                 await llm.update_weight_version(version)
         except BaseException:
             if buckets and self._discarded is None:
                 self._discarded = f"a weight sync failed after {buckets} bucket(s) had loaded"
+            self._free_staging()
             raise
         finally:
             if paused:
                 await llm.resume_generation()
-        self.weights_version = version if version is not None else self.weights_version
+        self.weights_version = version
         self.last_sync = WeightSyncStats(
             tensors=tensors,
             bytes=nbytes,
@@ -463,16 +597,31 @@ class VLLMEngine(Engine):
             gpus=len(targets),
             seconds=time.perf_counter() - started,
             version=version,
+            phases=phases,
         )
         logger.info(
-            "%s: synced %d tensors (%.1f MB) in %d bucket(s) to %d rank(s) in %.2f s",
+            "%s: synced %d tensors (%.1f MB) in %d bucket(s) to %d rank(s) in %.2f s; "
+            "%.2f GiB free on the emptiest GPU",
             self.name,
             tensors,
             nbytes / 2**20,
             buckets,
             len(workers),
             self.last_sync.seconds,
+            min(phases[-1].free_bytes.values()) / 2**30,
         )
+
+    def _phase(
+        self, name: SyncPhaseName, started: float, targets: dict[str, torch.device]
+    ) -> SyncPhase:
+        free = {gpu: self._transport.free_bytes(device) for gpu, device in targets.items()}
+        return SyncPhase(name=name, seconds=time.perf_counter() - started, free_bytes=free)
+
+    def _free_staging(self) -> None:
+        """Free the staging buffers the workers let go of and hand the memory they held in this
+        process's caching allocator back to the driver, where the KV cache can wake into it."""
+        self._transport.collect()
+        self._transport.empty_cache()
 
     def _record_loads(
         self,
@@ -480,9 +629,10 @@ class VLLMEngine(Engine):
         size: int,
         workers: list[WorkerInfo],
         replies: list[Any],
-        loaded: dict[int, set[str] | None],
+        loads: dict[int, _RankLoads],
     ) -> None:
-        """Check every worker read the whole bucket; note which parameters it wrote."""
+        """Check every worker read the whole bucket; note which parameters, and which parts of
+        fused ones, it wrote."""
         reports = [BucketReport.model_validate(reply) for reply in replies]
         ranks = sorted(report.rank for report in reports)
         if ranks != [w.rank for w in workers]:
@@ -496,21 +646,17 @@ class VLLMEngine(Engine):
                     f"{self.name}: rank {report.rank} read {report.received} tensors of bucket "
                     f"{report.bucket}; expected {size} of bucket {bucket}"
                 )
-            written = loaded[report.rank]
-            if report.loaded is None:
-                loaded[report.rank] = None
-            elif written is not None:
-                written.update(report.loaded)
+            loads[report.rank].add(report)
 
-    def _check_complete(
-        self, workers: list[WorkerInfo], loaded: dict[int, set[str] | None]
-    ) -> None:
-        """After discarded weights, every parameter of every rank must have been written."""
+    def _check_complete(self, workers: list[WorkerInfo], loads: dict[int, _RankLoads]) -> None:
+        """After discarded weights, every parameter of every rank must have been written, and
+        every part of every fused parameter (vLLM names ``qkv_proj.weight`` loaded after any one
+        of q, k and v)."""
         if self._discarded is None:
             return
         for worker in workers:
-            written = loaded[worker.rank]
-            if written is None:
+            record = loads[worker.rank]
+            if record.loaded is None:
                 logger.warning(
                     "%s: rank %d's model does not report what it loads; cannot check that the "
                     "sync replaced every discarded weight",
@@ -518,12 +664,32 @@ class VLLMEngine(Engine):
                     worker.rank,
                 )
                 continue
-            missing = sorted(set(worker.parameters) - written)
+            missing: list[str] = []
+            unread: list[str] = []
+            for name in worker.parameters:
+                parts = packed_parts(name, worker.packed_modules)
+                if name not in record.loaded:
+                    missing.append(name)
+                elif parts is not None and (name in record.unknown or name not in record.shards):
+                    unread.append(name)
+                elif parts is not None:
+                    written = record.shards[name]
+                    missing += [f"{name}[{p}]" for i, p in enumerate(parts) if i not in written]
+            if unread:
+                logger.warning(
+                    "%s: cannot tell which parts of %d fused parameter(s) of rank %d the sync "
+                    "wrote (their loaders do not take vLLM's shard ids), e.g. %s",
+                    self.name,
+                    len(unread),
+                    worker.rank,
+                    unread[0],
+                )
             if missing:
                 shown = ", ".join(missing[:8]) + (", ..." if len(missing) > 8 else "")
                 raise RuntimeError(
                     f"{self.name}: {self._discarded}, and this sync left {len(missing)} "
-                    f"parameter(s) of rank {worker.rank} without weights: {shown}"
+                    f"parameter(s) or fused part(s) of rank {worker.rank} without weights: "
+                    f"{shown}"
                 )
         self._discarded = None
 

@@ -34,6 +34,15 @@ def fused_members(packed_modules: Mapping[str, Sequence[str]]) -> dict[str, str]
     return {part: packed for packed, parts in packed_modules.items() for part in parts}
 
 
+def packed_parts(name: str, packed_modules: Mapping[str, Sequence[str]]) -> list[str] | None:
+    """The parts fused parameter ``name`` loads from, in vLLM's shard order, or None when it is
+    not fused: ``model.layers.0.self_attn.qkv_proj.weight`` -> ``[q_proj, k_proj, v_proj]``. A
+    module packed from one part (a checkpoint that stores it fused) is not fused here."""
+    owner = name.split(".")[-2:-1]
+    parts = packed_modules.get(owner[0]) if owner else None
+    return list(parts) if parts is not None and len(parts) > 1 else None
+
+
 def fusion_key(name: str, members: Mapping[str, str]) -> str:
     """The fused module ``name`` loads into (``name`` itself when it is not part of one): names
     with one key belong to one fused layer, whose weights and biases come interleaved.

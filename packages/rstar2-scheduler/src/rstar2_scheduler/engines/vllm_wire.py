@@ -232,6 +232,16 @@ class BucketReport(_Record):
         description="Parameters the model's load_weights reports it wrote; None when it "
         "reports nothing."
     )
+    shards: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="Fused parameter -> the indices of its parts (in packed_modules order) its "
+        "weight loader wrote; all of them for a tensor that came fused.",
+    )
+    unknown_shards: list[str] = Field(
+        default_factory=list,
+        description="Fused parameters written by a loader call whose shard this worker cannot "
+        "tell (or that bypassed the parameter's weight loader).",
+    )
 
 
 class Transport(Protocol):
@@ -259,6 +269,15 @@ class Transport(Protocol):
 
     def collect(self) -> None:
         """Free shared buffers whose consumers have let them go."""
+        ...
+
+    def empty_cache(self) -> None:
+        """Hand this process's cached, unused GPU memory back to the driver (torch's caching
+        allocator keeps freed blocks for reuse, out of reach of other processes)."""
+        ...
+
+    def free_bytes(self, device: torch.device) -> int:
+        """Free memory of the GPU behind ``device``, as its driver reports it (all processes)."""
         ...
 
 
@@ -290,3 +309,9 @@ class CudaIpcTransport:
 
     def collect(self) -> None:
         torch.cuda.ipc_collect()  # type: ignore[no-untyped-call,unused-ignore]
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def free_bytes(self, device: torch.device) -> int:
+        return int(torch.cuda.mem_get_info(device)[0])

@@ -11,16 +11,22 @@ layers take each part at its offset, and a bucket may hold any subset of the wei
 a tied alias (``lm_head.weight`` tied to ``model.embed_tokens.weight``) and raises when the
 parameter it is tied to is not in the same call; the alias is therefore loaded under the tied
 parameter's name when that is not in the bucket.
+
+vLLM's ``load_weights`` names a fused parameter (``qkv_proj.weight``) as loaded once any one of
+its parts is, so the extension also records, per fused parameter, which parts its weight loader
+wrote (the shard id vLLM passes to ``param.weight_loader``): after ``sleep(2)`` the engine checks
+that every part of every fused parameter came back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol, cast
 
 import torch
 
+from rstar2_scheduler.engines.vllm_sync import packed_parts
 from rstar2_scheduler.engines.vllm_wire import (
     BucketReport,
     CudaIpcTransport,
@@ -65,6 +71,74 @@ def tied_parameters(model: _Model) -> dict[str, str]:
     return tied
 
 
+_QKV_SHARDS = {"q": 0, "k": 1, "v": 2}
+"""vLLM's shard ids of ``QKVParallelLinear`` and their places in ``[q_proj, k_proj, v_proj]``."""
+
+
+def shard_indices(shard: object, parts: int) -> set[int] | None:
+    """Which of a fused parameter's ``parts`` one weight-loader call wrote, from vLLM's shard id:
+    None (the whole fused tensor), ``"q"``/``"k"``/``"v"``, an index, or a span of indices.
+    Returns None for anything else (the call cannot be read)."""
+    if shard is None:
+        return set(range(parts))
+    if isinstance(shard, str):
+        index = _QKV_SHARDS.get(shard)
+        return None if index is None else {index}
+    if isinstance(shard, int) and not isinstance(shard, bool):
+        return {shard} if 0 <= shard < parts else None
+    if isinstance(shard, tuple) and shard and all(isinstance(i, int) for i in shard):
+        return set(shard) if all(0 <= i < parts for i in shard) else None
+    return None
+
+
+class ShardRecord:
+    """The parts of each fused parameter that weight loaders wrote during one load."""
+
+    def __init__(self) -> None:
+        self.written: dict[str, set[int]] = {}
+        self.unknown: set[str] = set()
+
+    def recorder(self, name: str, parts: int, loader: Callable[..., Any]) -> Callable[..., Any]:
+        """``loader``, noting which parts of ``name`` each call writes. vLLM calls a fused
+        parameter's loader as ``loader(param, tensor, shard_id)``."""
+
+        def record(param: Any, loaded: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            shard = args[0] if args else kwargs.get("loaded_shard_id", kwargs.get("shard_id"))
+            result = loader(param, loaded, *args, **kwargs)
+            indices = shard_indices(shard, parts)
+            if indices is None:
+                self.unknown.add(name)
+            else:
+                self.written.setdefault(name, set()).update(indices)
+            return result
+
+        return record
+
+
+@contextmanager
+def recording_shards(model: _Model, packed: dict[str, list[str]]) -> Iterator[ShardRecord]:
+    """Wrap the weight loader of every fused parameter of ``model`` (by ``packed``, the model's
+    ``packed_modules_mapping``) for the duration, recording which parts each call writes."""
+    record = ShardRecord()
+    wrapped: list[tuple[Any, Any]] = []
+    try:
+        for name, parameter in model.named_parameters():
+            parts = packed_parts(name, packed)
+            loader = getattr(parameter, "weight_loader", None)
+            if parts is not None and callable(loader):
+                setattr(parameter, "weight_loader", record.recorder(name, len(parts), loader))  # noqa: B010 - a property on vLLM's parameters
+                wrapped.append((parameter, loader))
+        yield record
+    finally:
+        for parameter, loader in wrapped:
+            setattr(parameter, "weight_loader", loader)  # noqa: B010
+
+
+def _packed_modules(model: Any) -> dict[str, list[str]]:
+    packed = getattr(model, "packed_modules_mapping", None) or {}
+    return {str(key): [str(part) for part in parts] for key, parts in packed.items()}
+
+
 def _current_config(worker: _Worker) -> AbstractContextManager[Any]:
     """vLLM's config made current while loading, as its own weight-update path does (a worker
     without one, as in tests, loads without)."""
@@ -87,12 +161,11 @@ class WeightSyncExtension:
         worker = cast(_Worker, self)
         model: _Model = worker.get_model()
         model_config = getattr(worker.vllm_config, "model_config", None)
-        packed = getattr(model, "packed_modules_mapping", None) or {}
         info = WorkerInfo(
             rank=worker.rank,
             device_uuid=self.rstar2_transport.device_uuid(worker.device),
             parameters=[name for name, _ in model.named_parameters()],
-            packed_modules={str(k): [str(part) for part in v] for k, v in packed.items()},
+            packed_modules=_packed_modules(model),
             tied=tied_parameters(model),
             quantization=getattr(model_config, "quantization", None),
         )
@@ -120,7 +193,11 @@ class WeightSyncExtension:
             if name != slot.name and name in names:
                 continue  # the tensor it is tied to comes in this bucket
             weights.append((name, slot.view(buffer)))
-        with _current_config(worker), torch.no_grad():
+        with (
+            recording_shards(model, _packed_modules(model)) as shards,
+            _current_config(worker),
+            torch.no_grad(),
+        ):
             loaded = model.load_weights(weights)
         transport.synchronize(worker.device)  # the copies out of the shared buffer are done
         del weights, buffer
@@ -129,5 +206,14 @@ class WeightSyncExtension:
             bucket=payload.index,
             received=len(payload.tensors),
             loaded=None if loaded is None else sorted(str(name) for name in loaded),
+            shards={name: sorted(parts) for name, parts in sorted(shards.written.items())},
+            unknown_shards=sorted(shards.unknown),
         )
         return report.model_dump()
+
+    def rstar2_release_memory(self) -> None:
+        """Hand this worker's cached, unused GPU memory back to the driver after a sync (the
+        loaders' temporaries), so that the KV cache can wake into it."""
+        worker = cast(_Worker, self)
+        self.rstar2_transport.synchronize(worker.device)
+        self.rstar2_transport.empty_cache()

@@ -54,16 +54,19 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="bfloat16", description="Parameter dtype for training and engines."
     )
-    attn_implementation: Literal["auto", "sdpa", "flex_attention", "eager", "flash_attention_2"] = (
-        Field(
-            default="auto",
-            description="transformers attention kernel of the trainer. auto: flex_attention when "
-            "the trainer runs on a GPU (CUDA or ROCm) and micro-batches are packed (sft.packing, "
-            "rl.packing), since sdpa attends through a dense [tokens, tokens] mask over a packed "
-            "row; sdpa otherwise (CPU, padded rows). The choice is logged and written to the run's "
-            "config.yaml. flex_attention has no backward pass on CPU; flash_attention_2 needs the "
-            "flash-attn package. TransformersEngine decodes with sdpa instead of flex_attention.",
-        )
+    attn_implementation: Literal[
+        "auto", "varlen_attention", "sdpa", "flex_attention", "eager", "flash_attention_2"
+    ] = Field(
+        default="auto",
+        description="transformers attention kernel of the trainer. auto: when the trainer runs "
+        "on a GPU and micro-batches are packed (sft.packing, rl.packing), varlen_attention "
+        "(PyTorch's variable-length FlashAttention, torch 2.10+, bf16/fp16, no compilation), or "
+        "flex_attention where that is unavailable (older torch, ROCm, float32; it compiles its "
+        "kernels in the first step); sdpa otherwise (CPU, padded rows: over a packed row sdpa "
+        "attends through a dense [tokens, tokens] mask). The choice and its reason are logged "
+        "and noted in the run's config.yaml. flex_attention has no backward pass on CPU; "
+        "flash_attention_2 needs the flash-attn package. TransformersEngine decodes with its "
+        "own attention.",
     )
     gradient_checkpointing: bool = Field(
         default=False, description="Recompute activations in the backward pass to save memory."
@@ -77,6 +80,28 @@ class ModelConfig(_Section):
     def _one_source(self) -> Self:
         _exactly_one(self, ("path", "init"))
         return self
+
+
+class MemoryConfig(_Section):
+    """Planning the trainer's memory on a GPU before the first step."""
+
+    plan: bool = Field(
+        default=True,
+        description="Estimate the trainer's peak memory per step from the model's shape and "
+        "these settings, compare it with the GPU's free memory, and when it would not fit "
+        "shrink micro-batch tokens (in this process) or turn activation checkpointing on; fail "
+        "at once, naming the settings to change, when nothing fits. CUDA only.",
+    )
+    min_micro_batch_tokens: int = Field(
+        default=4096, gt=0, description="The plan shrinks micro-batches no further than this."
+    )
+    usable_fraction: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Share of the GPU's free memory the estimate may fill (the rest absorbs "
+        "allocator fragmentation and kernel workspaces).",
+    )
 
 
 class TokenizerTraining(_Section):
@@ -563,6 +588,7 @@ class StageConfig(_Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     sft: SFTConfig | None = None
     rl: RLConfig | None = None
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
     placement: PlacementConfig | None = Field(
         default=None,
         description="RL: run trainer ranks, engines, the sandbox and the graders as Ray "

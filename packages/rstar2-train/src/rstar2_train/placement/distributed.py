@@ -17,7 +17,12 @@ from transformers import PreTrainedModel
 
 from rstar2_train.actor import LossFn, MetricSums, UpdateStats
 from rstar2_train.batching import MicroBatch
-from rstar2_train.config.schema import OptimizerConfig, ScheduleConfig, TrainerPlacement
+from rstar2_train.config.schema import (
+    MemoryConfig,
+    OptimizerConfig,
+    ScheduleConfig,
+    TrainerPlacement,
+)
 from rstar2_train.placement.ranks import RankSetup, RankUpdate, TrainerRank
 
 logger = logging.getLogger(__name__)
@@ -51,6 +56,7 @@ class DistributedActor:
         placement: TrainerPlacement,
         scheduling: Sequence[Any] | None = None,
         name: str = "trainer",
+        memory: MemoryConfig | None = None,
     ) -> None:
         import ray
 
@@ -80,6 +86,7 @@ class DistributedActor:
             optimizer=optimizer,
             schedule=schedule,
             total_steps=total_steps,
+            memory=memory or MemoryConfig(),
         )
         shared = ray.put(model)
         self._all("setup", setup, shared)

@@ -5,6 +5,11 @@ and ``RolloutRunner`` run unchanged. When an engine actor dies, its proxy sends 
 still gets (the rest of its rollouts: every request carries the whole token prefix and its seed)
 to a live actor of the same ``EngineGroup``; when none is left the step fails with
 ``EnginesLostError``.
+
+Each proxy records the weight version its actor acknowledged (an actor that died during a sync
+keeps the version it had), and every result carries the version of the weights that sampled it:
+the actor's engine's own label, or else the version the actor had acknowledged when the request
+went out.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from rstar2_scheduler import (
     VLLMEngineConfig,
 )
 from rstar2_scheduler.engine import Capability, NamedTensors
+from rstar2_scheduler.engines import logprobs_mode_for
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +46,11 @@ class EnginesLostError(RuntimeError):
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What an engine actor builds: a transformers engine over a model it is given, or vLLM."""
+    """What an engine actor builds: a transformers engine over a model it is given, or vLLM.
+
+    ``temperature`` and ``top_p`` are the rollouts' sampling: a vLLM engine is started with the
+    log-prob mode whose log-probs the trainer's recomputation matches for them.
+    """
 
     kind: str
     name: str
@@ -49,6 +59,28 @@ class EngineSpec:
     max_batch_size: int = 64
     vllm_model: str | None = None
     vllm_args: dict[str, Any] = field(default_factory=dict)
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind == "vllm":
+            self.vllm_config()  # a sampling vLLM cannot serve fails here, in the driver
+
+    def vllm_config(self) -> VLLMEngineConfig:
+        """The vLLM engine's config: its model and arguments, with the log-prob mode that gives
+        the trainer's log-probs at the rollouts' sampling (``ValueError`` when none does)."""
+        if self.vllm_model is None:
+            raise ValueError(f"engine {self.name}: a vLLM engine needs vllm_model")
+        try:
+            mode = logprobs_mode_for(self.temperature, self.top_p)
+        except ValueError as impossible:
+            raise ValueError(f"rl.rollout with rl.engines.kind=vllm: {impossible}") from None
+        return VLLMEngineConfig(
+            model=self.vllm_model,
+            name=self.name,
+            engine_args=dict(self.vllm_args),
+            logprobs_mode=mode,
+        )
 
 
 class EngineHost:
@@ -58,10 +90,7 @@ class EngineHost:
         torch.set_num_threads(max(1, threads))
         self.engine: Engine
         if spec.kind == "vllm":
-            assert spec.vllm_model is not None
-            self.engine = VLLMEngine(
-                VLLMEngineConfig(model=spec.vllm_model, engine_args=dict(spec.vllm_args))
-            )
+            self.engine = VLLMEngine(spec.vllm_config())
         else:
             assert model is not None
             device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -128,6 +157,8 @@ class EngineGroup:
         self.handles = list(handles)
         self.names = list(names)
         self.dead: dict[int, str] = {}
+        self.versions: dict[int, str | None] = dict.fromkeys(range(len(self.handles)))
+        """Each actor's weight version: the label of its last acknowledged sync."""
         self._next = itertools.count()
 
     def alive(self) -> list[int]:
@@ -159,17 +190,22 @@ class EngineGroup:
                 "finished: resume the stage from its last checkpoint"
             )
 
-    async def call(self, method: str, *args: Any) -> None:
-        """``method`` on every live actor at once; actors found dead are marked."""
+    async def call(self, method: str, *args: Any) -> list[int]:
+        """``method`` on every live actor at once; actors found dead are marked. Returns the
+        actors that answered."""
         alive = self.alive()
         refs = [getattr(self.handles[i], method).remote(*args) for i in alive]
         outcomes = await asyncio.gather(*refs, return_exceptions=True)
+        answered = []
         for index, outcome in zip(alive, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 if not _is_actor_death(outcome):
                     raise outcome
                 self.mark_dead(index, outcome)
+            else:
+                answered.append(index)
         self.check()
+        return answered
 
 
 class RayEngine(Engine):
@@ -181,7 +217,11 @@ class RayEngine(Engine):
         self.name = group.names[index]
         self._capabilities = frozenset(capabilities)
         self._stats = KVStats(capacity_tokens=0, used_tokens=0)
-        self.weights_version: str | None = None
+
+    @property
+    def weights_version(self) -> str | None:
+        """The version of the last sync this engine's actor acknowledged."""
+        return self.group.versions[self.index]
 
     def supports(self, capability: Capability) -> bool:
         return capability in self._capabilities
@@ -207,6 +247,7 @@ class RayEngine(Engine):
                 return GenerationResult.failed(
                     request.request_id, "every engine actor died; nothing can run the request"
                 )
+            version = self.group.versions[target]  # weights change only at a sync
             try:
                 result, stats = await self.group.handles[target].generate.remote(request)
             except Exception as error:
@@ -217,23 +258,28 @@ class RayEngine(Engine):
             if target == self.index:
                 self._stats = stats
             assert isinstance(result, GenerationResult)
+            if result.weights_version is None and version is not None:
+                result = result.model_copy(update={"weights_version": version})
             return result
 
-    async def _own(self, method: str, *args: Any) -> None:
+    async def _own(self, method: str, *args: Any) -> bool:
+        """``method`` on this engine's actor; False when the actor is (found) dead."""
         if self.index in self.group.dead:
-            return
+            return False
         try:
             await getattr(self.group.handles[self.index], method).remote(*args)
         except Exception as error:
             if not _is_actor_death(error):
                 raise
             self.group.mark_dead(self.index, error)
+            return False
+        return True
 
     async def update_weights(self, weights: NamedTensors, *, version: str | None = None) -> None:
         import ray
 
-        await self._own("update_weights", [ray.put(dict(weights))], version)
-        self.weights_version = version
+        if await self._own("update_weights", [ray.put(dict(weights))], version):
+            self.group.versions[self.index] = version
 
     async def reset_prefix_cache(self) -> None:
         await self._own("reset_prefix_cache")
@@ -281,9 +327,7 @@ async def sync_weights(
             if wake:
                 await engine.wake_up()
         return
-    await group.call("update_weights", actor.weight_buckets(), version)
+    for index in await group.call("update_weights", actor.weight_buckets(), version):
+        group.versions[index] = version  # only actors that acknowledged the sync
     if wake:
         await group.call("wake_up")
-    for engine in engines:
-        assert isinstance(engine, RayEngine)
-        engine.weights_version = version

@@ -12,7 +12,7 @@ import math
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,10 +35,22 @@ from rstar2_train.actor import (
     make_schedule,
 )
 from rstar2_train.batching import MicroBatch, token_logprobs
-from rstar2_train.config.schema import FSDPConfig, OptimizerConfig, ScheduleConfig
-from rstar2_train.modeling import DTYPES
+from rstar2_train.config.schema import (
+    FSDPConfig,
+    MemoryConfig,
+    OptimizerConfig,
+    ScheduleConfig,
+)
+from rstar2_train.devices import DTYPES
+from rstar2_train.memory import ModelShape, device_memory, fsdp_settings, plan_memory
+from rstar2_train.startup import FirstStepClock
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def _checkpoint(model: PreTrainedModel) -> None:
+    """Recompute each decoder layer's activations in the backward pass."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,7 @@ class RankSetup:
     optimizer: OptimizerConfig
     schedule: ScheduleConfig
     total_steps: int
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,9 @@ class RankUpdate:
     """The loss function's metrics over this rank's micro-batches (``MetricSums.values``)."""
     tokens: int
     """All ranks' trained tokens (all-reduced)."""
+    startup: dict[str, float] = field(default_factory=dict)
+    """The first update only: how long this rank took to its first optimizer step
+    (``FirstStepClock``'s ``startup/*`` figures, from the start of ``setup``)."""
 
 
 def free_port() -> int:
@@ -81,6 +97,7 @@ class TrainerRank:
         self.rank = rank
         torch.set_num_threads(max(1, threads))
         self.model: PreTrainedModel | None = None
+        self.clock: FirstStepClock | None = None
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group's rendezvous."""
@@ -91,6 +108,11 @@ class TrainerRank:
 
     def setup(self, setup: RankSetup, model: PreTrainedModel) -> None:
         """Join the process group and shard ``model`` (a full copy) over it."""
+        self.clock = clock = FirstStepClock()
+        with clock.model_build():
+            self._setup(setup, model)
+
+    def _setup(self, setup: RankSetup, model: PreTrainedModel) -> None:
         os.environ["MASTER_ADDR"] = setup.master_addr
         os.environ["MASTER_PORT"] = str(setup.master_port)
         cuda = torch.cuda.is_available() and setup.backend == "nccl"
@@ -100,6 +122,7 @@ class TrainerRank:
         dist.init_process_group(setup.backend, rank=self.rank, world_size=setup.world)
         mesh = init_device_mesh(self.device.type, (setup.world,))
         fsdp = setup.fsdp
+        dtype = model.dtype
         if fsdp.param_dtype is not None:
             model.to(torch.float32)  # type: ignore[arg-type]  # float32 master weights
             policy = MixedPrecisionPolicy(
@@ -108,9 +131,7 @@ class TrainerRank:
         else:
             policy = MixedPrecisionPolicy()
         if fsdp.activation_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+            _checkpoint(model)
         model.to(self.device)  # type: ignore[arg-type]  # transformers' stub of .to is wrong
         layer_types = set(getattr(model, "_no_split_modules", None) or [])
         for module in model.modules():
@@ -124,6 +145,10 @@ class TrainerRank:
         fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
         assert isinstance(model, FSDPModule)
         self.world = setup.world
+        self.fsdp = fsdp
+        self.memory = setup.memory
+        self.model_dtype = dtype
+        self.planned_tokens = 0
         model.train()
         self.model = model
         self.grad_clip = setup.optimizer.grad_clip
@@ -134,6 +159,48 @@ class TrainerRank:
         assert self.model is not None, "setup() first"
         return self.model
 
+    def _plan_memory(self, batches: Sequence[MicroBatch]) -> None:
+        """Before the first pass over micro-batches this large: the memory plan for them on the
+        ranks' GPUs (``rstar2_train.memory``), turning activation checkpointing on when they
+        would not fit without it; ``MemoryPlanError`` when nothing fits. Micro-batches are
+        built by the driver, so here the plan cannot shrink them. A collective: every rank
+        plans with the smallest budget of any, so all decide alike."""
+        tokens = max(
+            b.input_ids.numel() + (0 if b.prefix_ids is None else b.prefix_ids.numel())
+            for b in batches
+        )
+        if tokens <= self.planned_tokens or not self.memory.plan:
+            return
+        found = device_memory(self.device, self.memory.usable_fraction)
+        if found is None:
+            return
+        self.planned_tokens = tokens
+        least = torch.tensor([found[0]], dtype=torch.int64, device=self.device)
+        dist.all_reduce(least, op=dist.ReduceOp.MIN)
+        model = self._model()
+        checkpointing = bool(model.is_gradient_checkpointing)
+        shared_prefix = any(b.prefix_ids is not None for b in batches)
+        plan = plan_memory(
+            ModelShape.of(model),
+            fsdp_settings(
+                self.fsdp,
+                self.model_dtype,
+                ranks=self.world,
+                tokens=tokens,
+                checkpointing=checkpointing,
+            ),
+            budget=int(least.item()),
+            min_micro_batch_tokens=self.memory.min_micro_batch_tokens,
+            can_shrink=False,
+            can_checkpoint=not shared_prefix,
+            settings_to_change="rl.micro_batch_tokens, placement.trainer.fsdp.activation_"
+            "checkpointing"
+            + (" (with rl.shared_prefix=false)" if shared_prefix else "")
+            + ", placement.trainer.ranks (more ranks shard more) or fsdp.param_dtype",
+        )
+        if plan.settings.checkpointing and not checkpointing:
+            _checkpoint(model)
+
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
@@ -142,6 +209,7 @@ class TrainerRank:
         self, batches: Sequence[MicroBatch], own: list[int], passes: int, temperature: float
     ) -> dict[int, torch.Tensor]:
         """Log-probs of micro-batches ``own`` (on the callers' device), in ``passes`` forwards."""
+        self._plan_memory(batches)
         model, out = self._model(), {}
         for step in range(passes):
             index = own[step] if step < len(own) else None
@@ -160,6 +228,7 @@ class TrainerRank:
         temperature: float,
     ) -> RankUpdate:
         """Backpropagate ``loss_fn`` over micro-batches ``own``, reduce, clip, step."""
+        self._plan_memory(batches)
         model = self._model()
         self.optimizer.zero_grad(set_to_none=True)
         sums = MetricSums()
@@ -193,7 +262,8 @@ class TrainerRank:
         self.schedule.step()
         count = torch.tensor([tokens], dtype=torch.float64, device=self.device)
         dist.all_reduce(count)
-        return RankUpdate(norm, lr, skipped, sums.values, int(count.item()))
+        startup = self.clock.metrics() if self.clock is not None and not skipped else {}
+        return RankUpdate(norm, lr, skipped, sums.values, int(count.item()), startup)
 
     def skip(self) -> None:
         advance_schedule(self.schedule)
@@ -270,5 +340,7 @@ class TrainerRank:
             self.schedule.load_state_dict(state["schedule"])
 
     def close(self) -> None:
+        if self.clock is not None:
+            self.clock.close()
         if dist.is_initialized():
             dist.destroy_process_group()

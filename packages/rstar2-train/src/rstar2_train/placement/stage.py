@@ -17,22 +17,13 @@ from rstar2_sandbox.client import SandboxClient
 from rstar2_sandbox.protocol import Sandbox
 from rstar2_scheduler import Engine
 from rstar2_train.config.schema import PlacementConfig, StageConfig
+from rstar2_train.devices import stage_placement as stage_placement  # re-exported
 from rstar2_train.placement.distributed import DistributedActor
 from rstar2_train.placement.engines import EngineGroup, EngineHost, EngineSpec, RayEngine
 from rstar2_train.placement.grading import GraderHost, RayGrading, actor_grader_config
 from rstar2_train.placement.sandbox import SandboxProcess, sandbox_commands
 
 logger = logging.getLogger(__name__)
-
-
-def stage_placement(config: StageConfig) -> PlacementConfig | None:
-    """The stage's placement: its section, the defaults when only RAY_ADDRESS is set, or None
-    (everything in this process)."""
-    if config.placement is not None:
-        return config.placement
-    if config.kind == "rl" and os.environ.get("RAY_ADDRESS"):
-        return PlacementConfig()
-    return None
 
 
 def _bundle(cpus: float, gpus: float) -> dict[str, float]:
@@ -120,6 +111,7 @@ async def placed_stage(
             placement=trainer,
             scheduling=[at(i) for i in range(trainer.ranks)],
             name=config.name,
+            memory=config.memory,
         )
         shared_model = ray.put(model) if rl.engines.kind == "transformers" else None
         names = [f"engine-{i}" for i in range(count)]
@@ -140,6 +132,8 @@ async def placed_stage(
                     max_batch_size=rl.engines.max_batch_size,
                     vllm_model=model_path,
                     vllm_args=dict(rl.engines.vllm),
+                    temperature=rl.rollout.temperature,
+                    top_p=rl.rollout.top_p,
                 ),
                 shared_model,
                 max(1, int(engines.cpus)),
