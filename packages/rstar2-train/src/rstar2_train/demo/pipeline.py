@@ -23,6 +23,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
+import rstar2_train.demo.staleness as staleness
 from rstar2_eval import (
     Grader,
     GraderConfig,
@@ -36,7 +37,6 @@ from rstar2_train.checkpoint import STATE_FILE, read_state
 from rstar2_train.config.loader import dump_config
 from rstar2_train.config.schema import DataSource, StageConfig
 from rstar2_train.data import load_rows
-from rstar2_train.demo import staleness
 from rstar2_train.demo.plan import (
     ABLATION_SEEDS,
     ABLATION_STRATEGIES,

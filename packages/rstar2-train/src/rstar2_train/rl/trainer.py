@@ -219,13 +219,3 @@ class RLTrainer:
         metrics.update(resources.grader.metrics())
         metrics["actor/trained_tokens"] = float(sum(sum(s.mask) for s in sequences))
         return metrics
-
-
-def train_rl(run: StageRun) -> Path:
-    """The stage's loop: synchronous at ``rl.max_staleness`` 0, else bounded-staleness."""
-    assert run.config.rl is not None
-    if run.config.rl.max_staleness == 0:
-        return asyncio.run(RLTrainer(run).train())
-    from rstar2_train.rl.asynchronous import AsyncRLTrainer
-
-    return asyncio.run(AsyncRLTrainer(run).train())
