@@ -199,6 +199,14 @@ def demo(
             "ratios, longer evaluations).",
         ),
     ] = 1,
+    rl_steps: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="RL steps of every RL run, the ablations' arms alike (default: demo-rl's 60; "
+            "fewer: a shorter ablation on a slow machine).",
+        ),
+    ] = None,
     progress: Annotated[
         bool,
         typer.Option(help="Show live progress bars (--no-progress: log lines only)."),
@@ -221,6 +229,7 @@ def demo(
         ablation=ablation,
         ablation_async=ablation_async,
         seed=seed,
+        rl_steps=rl_steps,
         progress=progress,
         eval_samples=eval_samples,
     )

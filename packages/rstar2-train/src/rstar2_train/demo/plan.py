@@ -60,6 +60,9 @@ class DemoOptions(BaseModel):
         "3 seeds each, engine and trainer on disjoint cores.",
     )
     seed: int = Field(default=0, description="Seed of the SFT stage and of the main RL run.")
+    rl_steps: int | None = Field(
+        default=None, ge=1, description="RL steps of every RL run (None: the config's)."
+    )
     progress: bool = True
     eval_samples: int = Field(default=1, ge=1, description="Samples per held-out problem.")
 
@@ -127,6 +130,8 @@ def rl_config(
         settings.append(f"rl.roc.strategy={strategy}")
     if options.quick:
         settings += _QUICK_RL
+    if options.rl_steps is not None:
+        settings.append(f"rl.steps={options.rl_steps}")
     return load_config(RL_CONFIG, [*settings, *overrides])
 
 
