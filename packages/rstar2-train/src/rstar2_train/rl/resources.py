@@ -56,14 +56,14 @@ def make_engines(
             )
         if model_path is None:
             raise ValueError("vLLM engines load a checkpoint: set model.path")
-        settings = vllm_engine_config(
+        vllm = vllm_engine_config(
             model_path,
             name="engine-0",
             engine_args=config.vllm,
             temperature=rollout.temperature,
             top_p=rollout.top_p,
         )
-        return [VLLMEngine(settings)]
+        return [VLLMEngine(vllm)]
     device = resolve_device(config.device)
     engines: list[Engine] = []
     for index in range(config.count):
