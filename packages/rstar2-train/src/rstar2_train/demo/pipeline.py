@@ -73,6 +73,11 @@ logger = logging.getLogger(__name__)
 HELDOUT_SET = "heldout"
 
 
+def _finished(config: StageConfig) -> bool:
+    final = RunDir(config.output_dir).final
+    return (final / STATE_FILE).is_file() and read_state(final).finished
+
+
 class _Clock:
     """Wall time per phase of this invocation, with the load average beside it."""
 
@@ -168,7 +173,7 @@ class DemoRunner:
                 f"{run_dir.root} holds a {config.name} run with another config (see "
                 f"{run_dir.config}): use another --out, or the same options"
             )
-        if (final / STATE_FILE).is_file() and read_state(final).finished:
+        if _finished(config):
             self.console.print(f"{label}: finished earlier, final weights in {final}")
             with self.clock.phase(label, skipped=True):
                 return final
@@ -306,8 +311,12 @@ class DemoRunner:
                 seed=seed,
                 overrides=staleness.run_overrides(arm, quick=options.quick),
             )
-            with staleness.trainer_pinned():
-                self.train(config, f"rl {name}-seed{seed}")
+            label = f"rl {name}-seed{seed}"
+            if _finished(config):
+                self.train(config, label)  # says so; its load was recorded when it trained
+                continue
+            with staleness.trainer_pinned(), staleness.measured_load(Path(config.output_dir)):
+                self.train(config, label)
         (problems,) = load_problem_sets([f"{HELDOUT_SET}={paths.dataset(HELDOUT_RECIPE)}"])
         problems = problems.head(eval_settings(options, self.rl).limit)
         every = staleness.QUICK_EVAL_EVERY if options.quick else staleness.EVAL_EVERY

@@ -21,6 +21,7 @@ import itertools
 import logging
 import os
 import statistics
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -89,6 +90,42 @@ def trainer_pinned() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+class RunLoad(BaseModel):
+    """The machine's 1-minute load average while a run trained."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: float
+    end: float
+    mean: float = Field(description="Mean of samples every few seconds, start and end included.")
+
+
+LOAD_FILE = "load.json"
+
+
+@contextlib.contextmanager
+def measured_load(run_dir: Path, *, every_s: float = 5.0) -> Iterator[None]:
+    """Sample the 1-minute load average while the block runs (a run training) and write it to
+    ``run_dir/load.json`` when the block ends without an error."""
+    samples = [os.getloadavg()[0]]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(every_s):
+            samples.append(os.getloadavg()[0])
+
+    sampler = threading.Thread(target=sample, name="load-sampler", daemon=True)
+    sampler.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        sampler.join()
+    samples.append(os.getloadavg()[0])
+    load = RunLoad(start=samples[0], end=samples[-1], mean=statistics.fmean(samples))
+    atomic_write_text(run_dir / LOAD_FILE, load.model_dump_json() + "\n")
+
+
 class CurvePoint(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -113,7 +150,9 @@ class AblationRun(BaseModel):
     rollout_s: float = Field(description="Sum of the steps' rollout phases (with grading).")
     update_s: float = Field(description="Sum of the steps' updates and weight syncs.")
     lag_mean: float | None = Field(description="Mean version lag of trained tokens.")
-    load_avg_1m: float = Field(description="Load average when the run ended.")
+    load: RunLoad | None = Field(
+        default=None, description="The load while it trained (None: not recorded)."
+    )
 
     @property
     def final_accuracy(self) -> float:
@@ -158,8 +197,12 @@ def run_record(
         rollout_s=total_of("time/rollout_s", "time/reward_s"),
         update_s=total_of("time/update_s", "time/sync_s"),
         lag_mean=statistics.fmean(lags) if lags else None,
-        load_avg_1m=os.getloadavg()[0],
+        load=_read_load(run_dir / LOAD_FILE),
     )
+
+
+def _read_load(path: Path) -> RunLoad | None:
+    return RunLoad.model_validate_json(path.read_text()) if path.is_file() else None
 
 
 def crossing(curve: Sequence[CurvePoint], target: float) -> float | None:
@@ -203,7 +246,8 @@ class ArmSummary(BaseModel):
         "accuracy (None: never within the run)."
     )
     speedup_to_target: float | None = Field(
-        description="The synchronous runs' mean wall-clock over time_to_target_s."
+        description="The synchronous arm's time_to_target_s over this arm's (both the first "
+        "time the mean curve reaches the target)."
     )
     trainer_idle: float
     engine_idle: float
@@ -233,7 +277,9 @@ def summarize(
     if not sync:
         raise ValueError("the ablation needs the synchronous runs")
     target = statistics.fmean(run.final_accuracy for run in sync)
-    sync_elapsed = statistics.fmean(run.elapsed_s for run in sync)
+    # The synchronous mean curve ends at the target, so it always reaches it.
+    sync_reached = crossing(mean_curve(sync), target)
+    assert sync_reached is not None
     rollouts = sum(run.rollout_s for run in sync)
     updates = sum(run.update_s for run in sync)
     arms = []
@@ -251,7 +297,7 @@ def summarize(
                 steps_per_hour=statistics.fmean(run.steps_per_hour for run in mine),
                 elapsed_s=statistics.fmean(run.elapsed_s for run in mine),
                 time_to_target_s=reached,
-                speedup_to_target=None if not reached else sync_elapsed / reached,
+                speedup_to_target=None if not reached else sync_reached / reached,
                 trainer_idle=statistics.fmean(run.trainer_idle for run in mine),
                 engine_idle=statistics.fmean(run.engine_idle for run in mine),
                 lag_mean=statistics.fmean(lags) if lags else None,
@@ -356,10 +402,14 @@ def print_result(result: AsyncAblationResult, console: Console) -> None:
         f"trainer on cores {result.cpu_cores['trainer']}, engine on {result.cpu_cores['engine']}"
     )
     for run in result.runs:
+        load = (
+            "load not recorded"
+            if run.load is None
+            else f"load {run.load.start:.1f} -> {run.load.end:.1f}, mean {run.load.mean:.1f}"
+        )
         console.print(
             f"  {arm_name(run.max_staleness)} seed {run.seed}: {run.steps} steps in "
-            f"{run.elapsed_s:.0f} s (load {run.load_avg_1m:.1f} at its end), final accuracy "
-            f"{_percent(run.final_accuracy)}",
+            f"{run.elapsed_s:.0f} s ({load}), final accuracy {_percent(run.final_accuracy)}",
             highlight=False,
         )
     if result.plot:
