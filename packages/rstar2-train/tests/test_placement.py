@@ -295,9 +295,10 @@ PLACEMENT = (
 def test_rl_stage_on_ray_survives_a_killed_engine_and_grader(
     cluster: None, sft_run: Path, demo_data: DemoData, tmp_path: Path, max_staleness: int
 ) -> None:
-    """With max_staleness 1, step 2's rollouts are generating when the engine dies (they were
-    admitted with step 1's): the dead engine's are re-run on the other, as in the synchronous
-    loop."""
+    """Engine and grader actors die once step 1 is logged: step 2 runs on the others, no
+    rollout is lost. With max_staleness 1, step 2's rollouts were admitted with step 1's and may
+    all be generated and graded before the kill (on a loaded machine they often are): the dead
+    engine is then met at the weight sync, and the dead grader by no call of step 2."""
     output = tmp_path / "rl"
     config = rl_stage_config(
         demo_data,
@@ -341,7 +342,10 @@ def test_rl_stage_on_ray_survives_a_killed_engine_and_grader(
     assert min(graded) > 0
     assert sum(graded) >= 18
     assert records[0]["grader/actors_lost"] == 0
-    assert records[1]["grader/actors_lost"] == 1
+    if max_staleness == 0:
+        assert records[1]["grader/actors_lost"] == 1
+    else:  # counted only where a call of step 2 came after the kill
+        assert records[1]["grader/actors_lost"] in (0, 1)
     assert 0 <= records[1]["val/demo/avg@1"] <= 1
     validated = output / "validation" / "step-000002" / "generations.jsonl"
     assert len(validated.read_text().splitlines()) == 3
