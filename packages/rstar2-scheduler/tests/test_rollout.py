@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerFast
 from rstar2_algo import TrajectoryQuality
 from rstar2_data import PYTHON_TOOL_NAME, MathProblem
 from rstar2_sandbox.models import RunRequest, RunResult, RunStatus
-from rstar2_scheduler.engine import GenerationResult
+from rstar2_scheduler.engine import GenerationRequest, GenerationResult
 from rstar2_scheduler.rollout import RolloutConfig, RolloutRunner
 from rstar2_scheduler.trajectory import Trajectory
 
@@ -348,3 +348,26 @@ def test_a_result_needs_one_log_prob_and_mask_entry_per_token() -> None:
         GenerationResult(
             request_id="r", token_ids=(1,), logprobs=(0.0,), finish_reason="stop", loss_mask=(2,)
         )
+
+
+class VersionedEngine(ScriptedEngine):
+    """A scripted engine whose weights move to the next version after every call."""
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        result = await super().generate(request)
+        return result.model_copy(update={"weights_version": str(len(self.requests))})
+
+
+@pytest.mark.asyncio
+async def test_every_token_records_the_weights_version_that_sampled_it(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    runner, script, _ = make(tokenizer)
+    turns = [script.turn(tool_call("print(6 * 7)")), script.turn(ANSWER)]
+    trajectory = await runner.rollout(PROBLEM, VersionedEngine(turns), rollout_id="r", seed=3)
+    first, second = trajectory.turns
+    assert (first.weights_version, second.weights_version) == ("1", "2")
+    glue = first.glue_tokens
+    assert trajectory.versions == ["1"] * len(turns[0]) + [None] * glue + ["2"] * len(turns[1])
+    with pytest.raises(ValidationError, match="versions"):
+        Trajectory.model_validate({**trajectory.model_dump(), "versions": ["1"]})

@@ -46,6 +46,18 @@ def test_show_prints_the_resolved_config() -> None:
             "init); sft.max_steps: Input should be greater than 0 (got 0)",
         ),
         (["stage", "tiny-rl", "--out", "a-file/run"], "a-file is not a directory"),
+        (
+            [
+                "stage",
+                "tiny-rl",
+                "--set",
+                "rl.max_staleness=1",
+                "--set",
+                "placement={mode: colocated, trainer: {ranks: 1}}",
+            ],
+            "rl.max_staleness > 0 overlaps rollouts with the update, but colocated engines",
+        ),
+        (["demo", "--ablation", "--ablation-async"], "separate runs: give one of them"),
         (["demo", "--out", "a-file/demo"], "a-file is not a directory"),
     ],
 )

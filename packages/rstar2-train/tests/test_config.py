@@ -86,6 +86,17 @@ def test_null_clears_an_inherited_value(tmp_path: Path) -> None:
         (["kind=sft"], "rl.steps, rl.prompts_per_step, rl.rollouts_per_prompt, rl.roc.strategy"),
         (["kind=sft"], "not settings of an SFT stage (kind: sft); rl.* settings belong to kind rl"),
         (["rl.roc.strategy=best"], "rl.roc.strategy: Input should be 'sample', 'topk' or 'none'"),
+        (["rl.max_staleness=-1"], "rl.max_staleness: Input should be greater than or equal to 0"),
+        (
+            ["rl.max_staleness=1", "rl.loss.tis_cap=2"],
+            "loss.tis_cap is the synchronous loop's correction",
+        ),
+        (["rl.loss.behaviour_band=[2, 1]"], "behaviour_band must be [low, high]"),
+        (["rl.engines.cpus=[1]"], "cpus: pins engine processes; set process: true"),
+        (
+            ["rl.engines.process=true", "placement={trainer: {ranks: 1}}"],
+            "with placement each engine is a Ray actor already",
+        ),
     ],
 )
 def test_bad_values_name_the_key_and_what_was_expected(overrides: list[str], expected: str) -> None:

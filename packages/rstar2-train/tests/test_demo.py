@@ -129,6 +129,19 @@ def test_demo_refuses_a_finished_run_with_other_options(tmp_path: Path) -> None:
     assert "with another config" in result.output
 
 
+def test_rl_steps_sets_every_rl_run_and_leaves_the_rest_of_the_config() -> None:
+    paths = DemoPaths(Path("out"))
+    default = rl_config(DemoOptions(out=paths.out), paths)
+    assert default.rl is not None
+    assert default.rl.steps == 60
+    shorter = rl_config(DemoOptions(out=paths.out, rl_steps=30), paths, seed=2)
+    assert shorter.rl is not None
+    assert shorter.rl.steps == 30
+    assert shorter.rl.model_copy(update={"steps": 60}) == default.rl
+    with pytest.raises(ValueError, match="rl_steps"):
+        DemoOptions(rl_steps=0)
+
+
 def test_a_run_started_by_another_process_counts_as_the_same_config(tmp_path: Path) -> None:
     """The embedded sandbox's uid range is a per-process default: a demo re-run in a new
     process must still skip or resume its RL stage, and any real change must be refused."""

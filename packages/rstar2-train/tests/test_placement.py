@@ -291,15 +291,21 @@ PLACEMENT = (
 )
 
 
+@pytest.mark.parametrize("max_staleness", [0, 1])
 def test_rl_stage_on_ray_survives_a_killed_engine_and_grader(
-    cluster: None, sft_run: Path, demo_data: DemoData, tmp_path: Path
+    cluster: None, sft_run: Path, demo_data: DemoData, tmp_path: Path, max_staleness: int
 ) -> None:
+    """Engine and grader actors die once step 1 is logged: step 2 runs on the others, no
+    rollout is lost. With max_staleness 1, step 2's rollouts were admitted with step 1's and may
+    all be generated and graded before the kill (on a loaded machine they often are): the dead
+    engine is then met at the weight sync, and the dead grader by no call of step 2."""
     output = tmp_path / "rl"
     config = rl_stage_config(
         demo_data,
         sft_run / "final",
         output,
         "schedule.warmup_steps=0",
+        f"rl.max_staleness={max_staleness}",
         "rl.engines.count=2",
         f"rl.validation={{benchmarks: [demo={demo_data.problems}], samples: 1, temperature: 0}}",
         PLACEMENT,
@@ -336,14 +342,20 @@ def test_rl_stage_on_ray_survives_a_killed_engine_and_grader(
     assert min(graded) > 0
     assert sum(graded) >= 18
     assert records[0]["grader/actors_lost"] == 0
-    assert records[1]["grader/actors_lost"] == 1
+    if max_staleness == 0:
+        assert records[1]["grader/actors_lost"] == 1
+    else:  # counted only where a call of step 2 came after the kill
+        assert records[1]["grader/actors_lost"] in (0, 1)
     assert 0 <= records[1]["val/demo/avg@1"] <= 1
     validated = output / "validation" / "step-000002" / "generations.jsonl"
     assert len(validated.read_text().splitlines()) == 3
     assert records[0]["actor/trained_tokens"] > 0
     assert records[0]["time/sync_s"] > 0
-    # Step 2 sampled with step 1's weights, gathered from the two ranks' shards.
-    assert records[1]["mismatch/logprob_abs_max"] < 1e-3
+    if max_staleness == 0:
+        # Step 2 sampled with step 1's weights, gathered from the two ranks' shards.
+        assert records[1]["mismatch/logprob_abs_max"] < 1e-3
+    else:
+        assert records[1]["staleness/lag_max"] <= 1
     assert [p.name for p in list_checkpoints(output / "checkpoints")] == [
         "step-000001",
         "step-000002",

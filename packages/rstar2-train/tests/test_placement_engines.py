@@ -14,9 +14,18 @@ import ray
 import torch
 from ray.exceptions import ActorDiedError
 
-from rstar2_scheduler import GenerationRequest, GenerationResult, KVStats, SamplingParams
+from rstar2_scheduler import (
+    GenerationRequest,
+    GenerationResult,
+    KVStats,
+    RolloutConfig,
+    SamplingParams,
+    VLLMEngine,
+)
+from rstar2_train.config.schema import EnginesConfig
 from rstar2_train.placement import DistributedActor
 from rstar2_train.placement.engines import EngineGroup, EngineSpec, RayEngine, sync_weights
+from rstar2_train.rl.resources import make_engines
 
 STATS = KVStats(capacity_tokens=64, used_tokens=0)
 
@@ -151,3 +160,22 @@ def test_a_vllm_engine_reports_the_log_probs_the_trainer_recomputes() -> None:
     assert spec(1.0, 0.95).vllm_config().logprobs_mode == "raw_logprobs"
     with pytest.raises(ValueError, match=r"rl.rollout with rl.engines.kind=vllm: .*top_p 0\.95"):
         spec(0.6, 0.95)  # in the driver, before any actor starts
+
+
+def test_the_in_process_vllm_engine_uses_the_same_log_prob_mode() -> None:
+    """An RL stage without Ray builds its vLLM engine with the mode placement gives its actors."""
+
+    def engine(temperature: float, top_p: float) -> VLLMEngine:
+        rollout = RolloutConfig(temperature=temperature, top_p=top_p)
+        config = EnginesConfig(kind="vllm", vllm={"gpu_memory_utilization": 0.5})
+        policy: Any = object()  # vLLM loads model_path: the policy's module is not touched
+        (made,) = make_engines(config, policy, model_path="/ckpt", seed=0, rollout=rollout)
+        assert isinstance(made, VLLMEngine)
+        return made
+
+    settings = engine(1.0, 0.95).config
+    assert (settings.model, settings.logprobs_mode) == ("/ckpt", "raw_logprobs")
+    assert settings.engine_args == {"gpu_memory_utilization": 0.5}
+    assert engine(0.6, 1.0).config.logprobs_mode == "processed_logprobs"
+    with pytest.raises(ValueError, match=r"rl.rollout with rl.engines.kind=vllm: .*top_p 0\.95"):
+        engine(0.6, 0.95)

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from rstar2_algo.advantages import group_advantages as group_advantages
     from rstar2_algo.aggregation import aggregate as aggregate
     from rstar2_algo.aggregation_modes import LossAggregation as LossAggregation
+    from rstar2_algo.decoupled import BehaviourWeights as BehaviourWeights
+    from rstar2_algo.decoupled import WeightStats as WeightStats
+    from rstar2_algo.decoupled import behaviour_weights as behaviour_weights
+    from rstar2_algo.decoupled import ess_fraction as ess_fraction
     from rstar2_algo.filtering import DroppedGroup as DroppedGroup
     from rstar2_algo.filtering import DropReason as DropReason
     from rstar2_algo.filtering import GroupFilter as GroupFilter
@@ -51,6 +55,10 @@ _EXPORTS = {
     "group_advantages": "rstar2_algo.advantages",
     "aggregate": "rstar2_algo.aggregation",
     "LossAggregation": "rstar2_algo.aggregation_modes",
+    "BehaviourWeights": "rstar2_algo.decoupled",
+    "WeightStats": "rstar2_algo.decoupled",
+    "behaviour_weights": "rstar2_algo.decoupled",
+    "ess_fraction": "rstar2_algo.decoupled",
     "DropReason": "rstar2_algo.filtering",
     "DroppedGroup": "rstar2_algo.filtering",
     "GroupFilter": "rstar2_algo.filtering",

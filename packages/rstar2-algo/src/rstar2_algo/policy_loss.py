@@ -84,6 +84,7 @@ def policy_loss(
     *,
     seq_count: Count | None = None,
     norm_length: int | None = None,
+    weights: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """PPO-clip surrogate with clip-higher, aggregated over loss tokens.
 
@@ -95,7 +96,16 @@ def policy_loss(
     is ``[sequences]`` or ``[sequences, tokens]``. ``old_logprobs`` and ``advantages`` are treated
     as constants. ``agg``, ``token_count``, ``seq_count`` and ``norm_length`` are as in
     :func:`rstar2_algo.aggregate`.
+
+    ``weights`` (same shape, constants) multiply each token's loss: the behaviour weights of the
+    decoupled objective (:func:`rstar2_algo.behaviour_weights`), where ``old_logprobs`` are the
+    proximal policy's. With every weight equal to 1 the loss is exactly the unweighted one.
     """
+    if weights is not None and tuple(weights.shape) != tuple(logprobs.shape):
+        raise ValueError(
+            f"weights shape {tuple(weights.shape)} must equal logprobs shape "
+            f"{tuple(logprobs.shape)}"
+        )
     advantages = _check_inputs(
         logprobs, old_logprobs, advantages, mask, eps_low, eps_high, dual_clip
     ).detach()
@@ -113,6 +123,8 @@ def policy_loss(
     if dual_clip is not None:
         capped = torch.minimum(token_loss, -advantages * dual_clip)
         token_loss = torch.where(advantages < 0, capped, token_loss)
+    if weights is not None:
+        token_loss = token_loss * weights.detach()
     loss = aggregate(
         token_loss, mask, agg, token_count=token_count, seq_count=seq_count, norm_length=norm_length
     )

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from rstar2_scheduler.engine import UnsupportedOperationError as UnsupportedOperationError
     from rstar2_scheduler.engines import OpenAIEngine as OpenAIEngine
     from rstar2_scheduler.engines import OpenAIEngineConfig as OpenAIEngineConfig
+    from rstar2_scheduler.engines import ProcessEngine as ProcessEngine
+    from rstar2_scheduler.engines import ProcessEngineConfig as ProcessEngineConfig
     from rstar2_scheduler.engines import TransformersEngine as TransformersEngine
     from rstar2_scheduler.engines import TransformersEngineConfig as TransformersEngineConfig
     from rstar2_scheduler.engines import VLLMEngine as VLLMEngine
@@ -54,6 +56,9 @@ if TYPE_CHECKING:
     from rstar2_scheduler.scheduler import SchedulerConfig as SchedulerConfig
     from rstar2_scheduler.sim import SimEngine as SimEngine
     from rstar2_scheduler.sim import SimEngineConfig as SimEngineConfig
+    from rstar2_scheduler.staleness import StalenessBuffer as StalenessBuffer
+    from rstar2_scheduler.staleness import TurnGate as TurnGate
+    from rstar2_scheduler.staleness import produce as produce
     from rstar2_scheduler.trajectory import StopReason as StopReason
     from rstar2_scheduler.trajectory import Trajectory as Trajectory
     from rstar2_scheduler.trajectory import TurnRecord as TurnRecord
@@ -74,6 +79,8 @@ _EXPORTS = {
     "UnsupportedOperationError": "rstar2_scheduler.engine",
     "OpenAIEngine": "rstar2_scheduler.engines",
     "OpenAIEngineConfig": "rstar2_scheduler.engines",
+    "ProcessEngine": "rstar2_scheduler.engines",
+    "ProcessEngineConfig": "rstar2_scheduler.engines",
     "TransformersEngine": "rstar2_scheduler.engines",
     "TransformersEngineConfig": "rstar2_scheduler.engines",
     "VLLMEngine": "rstar2_scheduler.engines",
@@ -102,6 +109,9 @@ _EXPORTS = {
     "SchedulerConfig": "rstar2_scheduler.scheduler",
     "SimEngine": "rstar2_scheduler.sim",
     "SimEngineConfig": "rstar2_scheduler.sim",
+    "StalenessBuffer": "rstar2_scheduler.staleness",
+    "TurnGate": "rstar2_scheduler.staleness",
+    "produce": "rstar2_scheduler.staleness",
     "StopReason": "rstar2_scheduler.trajectory",
     "Trajectory": "rstar2_scheduler.trajectory",
     "TurnRecord": "rstar2_scheduler.trajectory",

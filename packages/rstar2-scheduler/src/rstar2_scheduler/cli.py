@@ -28,6 +28,13 @@ from rstar2_scheduler.sim.bench import (
     run_sweep,
 )
 from rstar2_scheduler.sim.engine import SimEngineConfig
+from rstar2_scheduler.sim.rl_loop import (
+    TARGET_SPEEDUP,
+    RLSimConfig,
+    RLSimReport,
+    TrainerModel,
+    run_rl_benchmark,
+)
 from rstar2_scheduler.sim.workload import WorkloadConfig
 
 app = typer.Typer(
@@ -385,3 +392,146 @@ def sweep(
     if json_out is not None:
         atomic_write_text(json_out, json.dumps([p.model_dump() for p in points], indent=1))
         console.print(f"points: {json_out}")
+
+
+_DEFAULT_TRAINER = TrainerModel()
+
+
+@app.command("rl-bench")
+def rl_bench(
+    engines: Annotated[int, typer.Option(min=1, help="Simulated inference engines.")] = 64,
+    prompts: Annotated[
+        int, typer.Option(min=1, help="Prompts per RL step (B).")
+    ] = _DEFAULT_WORKLOAD.prompts,
+    rollouts_per_prompt: Annotated[
+        int, typer.Option(min=1, help="Rollouts per prompt (2G).")
+    ] = _DEFAULT_WORKLOAD.rollouts_per_prompt,
+    budget: BudgetOption = _DEFAULT_WORKLOAD.response_budget,
+    kv_tokens: KVTokensOption = _DEFAULT_ENGINE.capacity_tokens,
+    max_num_seqs: MaxNumSeqsOption = _DEFAULT_ENGINE.max_num_seqs,
+    steps: Annotated[int, typer.Option(min=2, help="RL steps per run.")] = 6,
+    warmup_steps: Annotated[
+        int, typer.Option(min=0, help="First steps left out of the rates (the pipeline fills).")
+    ] = 1,
+    staleness: Annotated[
+        list[int] | None,
+        typer.Option(
+            min=0,
+            help="max_staleness (eta) to run; repeat for several; 0 is the synchronous loop. "
+            "Default: 0 1 2.",
+        ),
+    ] = None,
+    trainer_s_per_token: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Update seconds per trained token (default: a 14B model on 64 GPUs of its "
+            "own at 35%% MFU).",
+        ),
+    ] = _DEFAULT_TRAINER.s_per_token,
+    trainer_fixed_s: Annotated[
+        float, typer.Option(min=0.0, help="Update seconds per step, whatever its size.")
+    ] = _DEFAULT_TRAINER.fixed_s,
+    load_s: Annotated[
+        float, typer.Option(min=0.0, help="Weight load per engine once its calls drained.")
+    ] = _DEFAULT_TRAINER.load_s,
+    seed: Annotated[int, typer.Option(help="Seed of the workload (each step's varies).")] = 0,
+    json_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--json", callback=checked_output_file, help="Write the full report as JSON here."
+        ),
+    ] = None,
+) -> None:
+    """Synchronous RL against bounded staleness on simulated engines in virtual time.
+
+    Each step's rollouts (the bench workload, a new seed per step) run through the production
+    RolloutScheduler; admission under the staleness bound and weight swaps at turn boundaries
+    are the production StalenessBuffer and TurnGate. The trainer is a cost model: an update
+    takes fixed + per-token seconds, then every engine is held (its calls in flight finish) and
+    loads the weights. Reports steps per hour, engine and trainer idle, and the token lag.
+    """
+    arms = sorted(set(staleness)) if staleness else [0, 1, 2]
+    try:
+        config = RLSimConfig(
+            engines=engines,
+            workload=_DEFAULT_WORKLOAD.model_copy(
+                update={
+                    "prompts": prompts,
+                    "rollouts_per_prompt": rollouts_per_prompt,
+                    "response_budget": budget,
+                    "seed": seed,
+                }
+            ),
+            engine=_engine_config(kv_tokens, max_num_seqs),
+            trainer=TrainerModel(
+                fixed_s=trainer_fixed_s, s_per_token=trainer_s_per_token, load_s=load_s
+            ),
+            steps=steps,
+            warmup_steps=warmup_steps,
+        )
+    except ValidationError as error:
+        message = error.errors()[0]["msg"].removeprefix("Value error, ")
+        raise typer.BadParameter(
+            message, param_hint="'--budget' / '--kv-tokens' / '--steps'"
+        ) from None
+    console = Console()
+    with Progress(
+        TextColumn("{task.description:>8}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        tasks = {eta: progress.add_task(f"eta {eta}", total=steps) for eta in arms}
+        report = run_rl_benchmark(config, arms, on_step=lambda eta, _: progress.advance(tasks[eta]))
+    _print_rl_report(report, console)
+    if json_out is not None:
+        atomic_write_text(json_out, report.model_dump_json(indent=1))
+        console.print(f"report: {json_out}")
+
+
+def _print_rl_report(report: RLSimReport, console: Console) -> None:
+    config = report.config
+    table = Table(
+        title=f"{config.engines} simulated engines, {config.workload.rollouts:,} rollouts per "
+        f"step, steps {config.warmup_steps + 1}-{config.steps} (simulated time)"
+    )
+    for column in (
+        "max_staleness",
+        "steps/hour",
+        "vs sync",
+        "engine idle",
+        "trainer idle",
+        "sync share",
+        "s/step",
+        "lag mean",
+        "lag max",
+        "tokens by lag",
+        "swaps mid-request",
+    ):
+        table.add_column(column, justify="right")
+    for run in report.runs:
+        speedup = report.speedup(run)
+        histogram = run.lag_histogram()
+        tokens = sum(histogram.values()) or 1
+        table.add_row(
+            "0 (sync)" if run.max_staleness == 0 else str(run.max_staleness),
+            f"{run.steps_per_hour:.2f}",
+            "-" if speedup is None else f"{speedup:.2f}x",
+            f"{run.engine_idle:.1%}",
+            f"{run.trainer_idle:.1%}",
+            f"{run.sync_fraction:.1%}",
+            f"{3600 / run.steps_per_hour:,.1f}",
+            f"{run.lag_mean:.2f}",
+            str(run.lag_max),
+            " ".join(f"{lag}:{n / tokens:.0%}" for lag, n in histogram.items()),
+            str(run.mid_request_swaps),
+        )
+    console.print(FittedTable(table))
+    met = report.target_met()
+    if met is not None:
+        console.print(
+            f"target: max_staleness 1 at >= {TARGET_SPEEDUP:.1f}x the synchronous steps per "
+            f"hour: {'met' if met else 'NOT met'}"
+        )

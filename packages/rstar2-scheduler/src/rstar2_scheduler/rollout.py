@@ -127,7 +127,9 @@ class RolloutRunner:
                     "rollout %s turn %d: engine %s: %s", rollout_id, index, engine.name, error
                 )
                 break
-            text = conversation.add_model_turn(result.token_ids, result.logprobs, result.loss_mask)
+            text = conversation.add_model_turn(
+                result.token_ids, result.logprobs, result.loss_mask, version=result.weights_version
+            )
             texts.append(text)
             spent += result.generated_tokens
             record: dict[str, Any] = {
@@ -137,6 +139,7 @@ class RolloutRunner:
                 "reencoded_tokens": len(result.token_ids) if result.reencoded else None,
                 "finish_reason": result.finish_reason,
                 "generation_s": generation_s,
+                "weights_version": result.weights_version,
             }
             ending = self._turn_ending(result, index)
             if ending is not None:
@@ -178,6 +181,7 @@ class RolloutRunner:
             response_ids=conversation.response_ids,
             loss_mask=conversation.loss_mask,
             logprobs=conversation.logprobs,
+            versions=conversation.versions,
             turns=turns,
             stop_reason=stop,
             error=error,

@@ -43,6 +43,11 @@ class TurnRecord(BaseModel):
     )
     finish_reason: FinishReason
     generation_s: float = Field(ge=0, description="Wall time of the engine request.")
+    weights_version: str | None = Field(
+        default=None,
+        description="The engine's label of the weights that generated this turn (None: the "
+        "engine records none).",
+    )
     tool_call: ToolCall | None = Field(default=None, description="The first call, when parsed.")
     parse_error: str | None = Field(default=None, description="Why the tool call did not parse.")
     ignored_tool_calls: int = Field(default=0, ge=0, description="Calls after the first.")
@@ -84,9 +89,10 @@ def count_quality(
 class Trajectory(BaseModel):
     """One rollout: prompt ids, append-only response ids, mask, log-probs and turn records.
 
-    ``response_ids``, ``loss_mask`` and ``logprobs`` align token by token. Model tokens have mask
-    1 and the engine's sampling log-prob (mask 0 and 0.0 for a token the engine has no log-prob
-    for); tool responses and template glue have mask 0 and 0.0.
+    ``response_ids``, ``loss_mask``, ``logprobs`` and ``versions`` align token by token. Model
+    tokens have mask 1, the engine's sampling log-prob (the behaviour policy's; mask 0 and 0.0
+    for a token the engine has no log-prob for) and the version label of the weights that
+    sampled them; tool responses and template glue have mask 0, 0.0 and no version.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -98,6 +104,10 @@ class Trajectory(BaseModel):
     response_ids: list[int]
     loss_mask: list[int]
     logprobs: list[float]
+    versions: list[str | None] = Field(
+        description="Per response token: the weights version that sampled it (None for tool "
+        "and template tokens, and where the engine records no version)."
+    )
     turns: list[TurnRecord]
     stop_reason: StopReason
     error: str | None = Field(default=None, description="Engine error, when stop is engine_error.")
@@ -106,11 +116,17 @@ class Trajectory(BaseModel):
 
     @model_validator(mode="after")
     def _aligned(self) -> Self:
-        lengths = {len(self.response_ids), len(self.loss_mask), len(self.logprobs)}
+        lengths = {
+            len(self.response_ids),
+            len(self.loss_mask),
+            len(self.logprobs),
+            len(self.versions),
+        }
         if len(lengths) != 1:
             raise ValueError(
-                "response_ids, loss_mask and logprobs must have one entry per response token; got "
-                f"{len(self.response_ids)}, {len(self.loss_mask)}, {len(self.logprobs)}"
+                "response_ids, loss_mask, logprobs and versions must have one entry per response "
+                f"token; got {len(self.response_ids)}, {len(self.loss_mask)}, "
+                f"{len(self.logprobs)}, {len(self.versions)}"
             )
         if any(bit not in (0, 1) for bit in self.loss_mask):
             raise ValueError("loss_mask entries must be 0 or 1")

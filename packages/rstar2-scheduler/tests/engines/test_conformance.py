@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import copy
 import math
+import os
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from rstar2_scheduler.engine import (
 from rstar2_scheduler.engines import (
     OpenAIEngine,
     OpenAIEngineConfig,
+    ProcessEngine,
+    ProcessEngineConfig,
     TransformersEngine,
     TransformersEngineConfig,
 )
@@ -80,6 +83,21 @@ async def transformers_slots_case(res: Resources) -> AsyncIterator[EngineCase]:
 
 
 @contextlib.asynccontextmanager
+async def process_case(res: Resources) -> AsyncIterator[EngineCase]:
+    """A TransformersEngine in a child process, pinned to one core."""
+    config = ProcessEngineConfig(
+        engine=TransformersEngineConfig(kv_budget_tokens=CAPACITY, max_batch_size=4),
+        cpus=(0,),
+    )
+    async with ProcessEngine(copy.deepcopy(res.model), config) as engine:
+        other = make_model(len(res.tokenizer), seed=1)
+        new_weights = (list(other.state_dict().items()), make_scorer(other))
+        assert engine.pid is not None
+        assert os.sched_getaffinity(engine.pid) == {0}
+        yield EngineCase(engine, len(res.tokenizer), CAPACITY, res.score, new_weights)
+
+
+@contextlib.asynccontextmanager
 async def openai_case(res: Resources) -> AsyncIterator[EngineCase]:
     """Through the OpenAI-compatible test server with token-id prompts.
 
@@ -112,6 +130,7 @@ FACTORIES: dict[str, Callable[[Resources], Any]] = {
     "transformers": transformers_case,
     "transformers-slots": transformers_slots_case,
     "openai": openai_case,
+    "process": process_case,
     "sim": sim_case,
 }
 
@@ -258,12 +277,15 @@ async def test_update_weights_switches_the_model(case: EngineCase) -> None:
     await case.engine.generate(request)
     if case.new_weights is None:  # no model: updating must at least keep generation working
         await case.engine.update_weights([], version="1")
-        check_shape(await case.engine.generate(request), request)
+        after = await case.engine.generate(request)
+        check_shape(after, request)
+        assert after.weights_version == "1"
         return
     weights, new_score = case.new_weights
     await case.engine.update_weights(iter(weights), version="1")
     after = await case.engine.generate(request)
     check_shape(after, request)
+    assert after.weights_version == "1"  # results name the weights that sampled them
     assert list(after.logprobs) == pytest.approx(
         new_score(PROMPT, list(after.token_ids), 1.0), abs=1e-4
     )

@@ -187,6 +187,42 @@ async def test_token_id_server_without_logprobs_fails_the_request() -> None:
     assert "no log-probs" in (result.error or "")
 
 
+@pytest.mark.parametrize(
+    ("body", "version"),
+    [
+        ({"metadata": {"weight_version": "step-3"}}, "step-3"),  # SGLang's OpenAI responses
+        ({"meta_info": {"weight_version": 4}}, "4"),  # on the choice
+        ({}, None),  # vLLM reports none
+    ],
+)
+@pytest.mark.asyncio
+async def test_a_servers_weights_version_reaches_the_result(
+    body: dict[str, object], version: str | None
+) -> None:
+    async def versioned(request: web.Request) -> web.Response:
+        choice: dict[str, object] = {
+            "text": "hi",
+            "finish_reason": "length",
+            "token_ids": [1, 2],
+            "logprobs": {"tokens": ["token_id:1", "token_id:2"], "token_logprobs": [-0.1, -0.2]},
+        }
+        data: dict[str, object] = {"choices": [choice]}
+        if "meta_info" in body:
+            choice["meta_info"] = body["meta_info"]
+        else:
+            data.update(body)
+        return web.json_response(data)
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", versioned)
+    async with serve(app) as url:
+        config = OpenAIEngineConfig(base_url=url, model="m", metrics_url="")
+        async with OpenAIEngine(config) as engine:
+            result = await engine.generate(ask())
+    assert result.token_ids == (1, 2)
+    assert result.weights_version == version
+
+
 @pytest.mark.asyncio
 async def test_unreachable_server_is_an_error_result() -> None:
     config = OpenAIEngineConfig(base_url="http://127.0.0.1:9/v1", model="m", metrics_url="")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny import Score
+from tiny import Score, make_model, make_scorer
 from transformers import PreTrainedModel, Qwen2ForCausalLM
 
 from rstar2_scheduler.engine import GenerationRequest, KVStats, SamplingParams
@@ -238,3 +238,36 @@ async def test_slots_grow_for_a_longer_request_and_keep_exact_logprobs(
         assert result.finish_reason == "length"
         expected = score(request_prompt, list(result.token_ids), 1.0)
         assert list(result.logprobs) == pytest.approx(expected, abs=1e-4)
+
+
+async def test_weights_change_between_requests_and_results_name_their_version(
+    model: Qwen2ForCausalLM, score: Score, decode: str
+) -> None:
+    """A request running when new weights arrive finishes on the old ones; one arriving while
+    the update waits runs on the new ones; each result names its version."""
+    other = make_model(model.config.vocab_size, seed=1)
+    new_score = make_scorer(other)
+    prompt = [5, 17, 42, 99, 3]
+    config = TransformersEngineConfig(decode=decode, kv_budget_tokens=4096, max_batch_size=8)
+    # A private copy: the update must not reach the session's model (the scorer's).
+    async with TransformersEngine(copy.deepcopy(model), config) as engine:
+        decoding = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        record_forwards(engine, after=2, then=lambda: loop.call_soon_threadsafe(decoding.set))
+        running = asyncio.create_task(engine.generate(ask(prompt, 24, "old", seed=1)))
+        await decoding.wait()
+        update = asyncio.create_task(
+            engine.update_weights(iter(other.state_dict().items()), version="7")
+        )
+        await asyncio.sleep(0)
+        waiting = asyncio.create_task(engine.generate(ask(prompt, 8, "new", seed=2)))
+        old = await running
+        assert not waiting.done()
+        await update
+        new = await waiting
+    assert old.weights_version is None
+    assert list(old.logprobs) == pytest.approx(score(prompt, list(old.token_ids), 1.0), abs=1e-4)
+    assert new.weights_version == "7"
+    assert list(new.logprobs) == pytest.approx(
+        new_score(prompt, list(new.token_ids), 1.0), abs=1e-4
+    )

@@ -187,6 +187,18 @@ def demo(
             "correct held-out rollouts.",
         ),
     ] = False,
+    ablation_async: Annotated[
+        bool,
+        typer.Option(
+            "--ablation-async",
+            help="Instead of the demo's RL run and its table: the RL stage synchronous and at "
+            "rl.max_staleness 1 and 2, 3 seeds each, the same steps, the engine in a process "
+            "pinned to the last CPU core and the trainer on the others (needs 2 cores); every "
+            "10th step's checkpoint evaluated on the held-out split. Prints wall-clock to the "
+            "synchronous runs' final accuracy, final accuracy, steps/hour, idle fractions and "
+            "the ideal overlap; writes OUT/ablation-async/ (JSON, text, plot).",
+        ),
+    ] = False,
     seed: Annotated[
         int, typer.Option(help="Seed of the SFT stage and the RL run (ablation: SEED..SEED+2).")
     ] = 0,
@@ -198,6 +210,14 @@ def demo(
             "ratios, longer evaluations).",
         ),
     ] = 1,
+    rl_steps: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="RL steps of every RL run, the ablations' arms alike (default: demo-rl's 60; "
+            "fewer: a shorter ablation on a slow machine).",
+        ),
+    ] = None,
     progress: Annotated[
         bool,
         typer.Option(help="Show live progress bars in a terminal (--no-progress: log lines only)."),
@@ -211,7 +231,7 @@ def demo(
     (SFT), run GRPO-RoC with real tool calls, evaluate both checkpoints on a held-out split with
     rstar2-eval, and print a before/after table (on stdout; logs and progress on stderr)."""
     from rstar2_eval import InputError
-    from rstar2_train.demo import DemoOptions, run_demo
+    from rstar2_train.demo import DemoOptions, run_async_ablation, run_demo
     from rstar2_train.run_dir import RunError
 
     errors = command_console(stderr=True)  # logs and progress
@@ -220,12 +240,19 @@ def demo(
         out=out,
         quick=quick,
         ablation=ablation,
+        ablation_async=ablation_async,
         seed=seed,
+        rl_steps=rl_steps,
         progress=progress,
         log_every=log_every,
         eval_samples=eval_samples,
     )
+    if ablation and ablation_async:
+        raise _fail("--ablation and --ablation-async are separate runs: give one of them")
     try:
-        run_demo(options, console=errors, results=command_console())
+        if ablation_async:
+            run_async_ablation(options, console=errors, results=command_console())
+        else:
+            run_demo(options, console=errors, results=command_console())
     except (RunError, ValueError, OSError, ImportError, InputError) as error:
         raise _fail(str(error)) from None

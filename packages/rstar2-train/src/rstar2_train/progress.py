@@ -43,6 +43,8 @@ HEADLINE: Sequence[tuple[str, str, str]] = (
     ("tools/error_ratio_kept_positives", "err+", ".3f"),
     ("response/length_mean", "len", ".0f"),
     ("actor/grad_norm", "|g|", ".3f"),
+    ("staleness/lag_mean", "lag", ".2f"),
+    ("async/queue_groups", "queue", ".0f"),
     ("time/step_s", "s", ".1f"),
 )
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from rstar2_train.config.schema import StageConfig
 from rstar2_train.progress import Reporter
-from rstar2_train.rl.trainer import train_rl
+from rstar2_train.rl.asynchronous import AsyncRLTrainer
+from rstar2_train.rl.trainer import RLTrainer
 from rstar2_train.sft import train_sft
 from rstar2_train.stage import StageRun
 
@@ -31,3 +33,10 @@ def run_stage(
         return final
     finally:
         run.close(failed=failed)
+
+
+def train_rl(run: StageRun) -> Path:
+    """The stage's loop: synchronous at ``rl.max_staleness`` 0, else bounded-staleness."""
+    assert run.config.rl is not None
+    trainer = RLTrainer(run) if run.config.rl.max_staleness == 0 else AsyncRLTrainer(run)
+    return asyncio.run(trainer.train())

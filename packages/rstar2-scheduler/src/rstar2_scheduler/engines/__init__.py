@@ -1,10 +1,12 @@
-"""``Engine`` implementations: in-process transformers, an OpenAI-compatible server, vLLM.
+"""``Engine`` implementations: in-process transformers (or in a child process), an
+OpenAI-compatible server, vLLM.
 
 ``VLLMEngine`` imports vLLM only when started (extra ``rstar2-scheduler[vllm]``).
 """
 
 from rstar2_scheduler.engines.openai import EndpointError, OpenAIEngine, OpenAIEngineConfig
 from rstar2_scheduler.engines.openai_dialect import PromptFormat, ServerCapabilities
+from rstar2_scheduler.engines.process import ProcessEngine, ProcessEngineConfig
 from rstar2_scheduler.engines.server_metrics import parse_kv_metrics
 from rstar2_scheduler.engines.transformers import TransformersEngine, TransformersEngineConfig
 from rstar2_scheduler.engines.vllm import (
@@ -23,6 +25,8 @@ __all__ = [
     "LogprobsMode",
     "OpenAIEngine",
     "OpenAIEngineConfig",
+    "ProcessEngine",
+    "ProcessEngineConfig",
     "PromptFormat",
     "ServerCapabilities",
     "SyncPhase",

@@ -8,6 +8,9 @@ token ids: nothing is re-tokenized), keeps the first the server accepts and logs
 is re-encoded with the local tokenizer; the server's ``usage.completion_tokens`` stays the count
 that response budgets spend.
 
+A server that reports the version of its weights (SGLang's ``weight_version``, set by its
+weight-update endpoints) has it copied into ``GenerationResult.weights_version``.
+
 Sampling log-probs are required by default (RL trains on them): a server that returns none fails
 the request. Evaluation needs none: with ``require_logprobs=False`` such completions are accepted
 and their log-probs are NaN placeholders (loss mask 0). A token without a log-prob (a stop token
@@ -343,6 +346,7 @@ class OpenAIEngine(Engine):
             loss_mask=mask if 0 in mask else None,
             counted_tokens=counted,
             reencoded=reencoded,
+            weights_version=_weights_version(data, choice),
         )
 
     def _uncounted(self, counted: int, shown: int) -> str | None:
@@ -465,6 +469,16 @@ def _completion_ids(choice: dict[str, Any]) -> list[int] | None:
 def _token_logprobs(choice: dict[str, Any]) -> list[float | None] | None:
     values = (choice.get("logprobs") or {}).get("token_logprobs")
     return list(values) if isinstance(values, list) else None
+
+
+def _weights_version(data: dict[str, Any], choice: dict[str, Any]) -> str | None:
+    """The version label of the weights that served the completion, where the server reports
+    one (SGLang: ``weight_version`` in the response's ``metadata`` or the choice's
+    ``meta_info``, set by its weight-update endpoints); None otherwise."""
+    for holder in (data.get("metadata"), choice.get("meta_info")):
+        if isinstance(holder, dict) and holder.get("weight_version") is not None:
+            return str(holder["weight_version"])
+    return None
 
 
 def _usage_tokens(data: dict[str, Any]) -> int | None:

@@ -14,9 +14,11 @@ Where the batch's keys and values live is a ``KVBatch``: on CPU a left-padded ``
 (``PaddedBatch``); on accelerators per-row slots of a preallocated cache with a grouped-query
 decode attention and a CUDA-graph-compiled decode step (``SlotBatch``, ``slots.py``).
 
-For RL the engine takes new weights in place (``update_weights``, between forward steps) and can
-``sleep`` to give its memory to a colocated trainer; nothing is cached across requests, so
-``reset_prefix_cache`` has nothing to forget.
+For RL the engine takes new weights in place (``update_weights``) between requests: it lets the
+running requests finish on the weights they started with and holds new ones until the copy is
+done, so the tokens of one result all come from one version of the weights, the version its
+``weights_version`` names. It can ``sleep`` to give its memory to a colocated trainer; nothing is
+cached across requests, so ``reset_prefix_cache`` has nothing to forget.
 """
 
 from __future__ import annotations
@@ -113,7 +115,9 @@ class _Row:
             return "length"
         return None
 
-    def resolve(self, reason: FinishReason, error: str | None = None) -> None:
+    def resolve(
+        self, reason: FinishReason, error: str | None = None, *, version: str | None = None
+    ) -> None:
         if not self.future.done():
             self.future.set_result(
                 GenerationResult(
@@ -122,6 +126,7 @@ class _Row:
                     logprobs=tuple(self.logprobs),
                     finish_reason=reason,
                     error=error,
+                    weights_version=version,
                 )
             )
 
@@ -155,6 +160,9 @@ class TransformersEngine(Engine):
         self._model_lock = asyncio.Lock()
         self._asleep = False
         self.weights_version: str | None = None
+        # Weight updates waiting for the running requests to finish: nothing new is admitted.
+        self._swaps_waiting = 0
+        self._drained = asyncio.Event()
 
     def _make_batch(self, model: PreTrainedModel, config: TransformersEngineConfig) -> KVBatch:
         mode = config.decode
@@ -203,7 +211,7 @@ class TransformersEngine(Engine):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for row in [*self._running, *self._pending]:
-            row.resolve("abort", "engine closed")
+            row.resolve("abort", "engine closed", version=self.weights_version)
         self._running.clear()
         self._pending.clear()
         self._batch.release()
@@ -255,6 +263,8 @@ class TransformersEngine(Engine):
         assert self._wakeup is not None
         while True:
             self._running = [row for row in self._running if not row.future.done()]
+            if not self._running:
+                self._drained.set()
             if len(self._running) < self._batch.rows:
                 self._reset_batch()  # a caller cancelled: rebuild without its row
             joined = self._admit()
@@ -273,7 +283,11 @@ class TransformersEngine(Engine):
             except Exception as failure:
                 logger.exception("%s: batch step failed", self.name)
                 for row in self._running:
-                    row.resolve("error", f"{type(failure).__name__}: {failure}")
+                    row.resolve(
+                        "error",
+                        f"{type(failure).__name__}: {failure}",
+                        version=self.weights_version,
+                    )
                 self._running.clear()
                 self._reset_batch()
 
@@ -287,7 +301,7 @@ class TransformersEngine(Engine):
             row.logprobs.append(logprob)
             reason = row.finish_reason()
             if reason is not None:
-                row.resolve(reason)
+                row.resolve(reason, version=self.weights_version)
         batch = self._running  # in the order of the cache's rows
         keep = [index for index, row in enumerate(batch) if not row.future.done()]
         self._running = [batch[index] for index in keep]
@@ -313,7 +327,11 @@ class TransformersEngine(Engine):
         """Move waiting requests into the batch while they fit; returns the ones moved."""
         reserved = sum(row.reserved for row in self._running)
         admitted: list[_Row] = []
-        while self._pending and len(self._running) < self.config.max_batch_size:
+        while (
+            not self._swaps_waiting
+            and self._pending
+            and len(self._running) < self.config.max_batch_size
+        ):
             row = self._pending[0]
             if row.future.done():
                 self._pending.popleft()
@@ -360,14 +378,24 @@ class TransformersEngine(Engine):
         )
 
     async def update_weights(self, weights: NamedTensors, *, version: str | None = None) -> None:
-        """Copy ``weights`` into the model between forward steps (names as in its
-        ``state_dict``; dtype and device are converted). Running requests continue with the new
-        weights after a re-prefill. A name the model lacks or a wrong shape raises
-        ``ValueError`` before any weight changes."""
-        async with self._model_lock:
-            await run_on_device(str(self._device), self._load_weights, list(weights))
-            self._reset_batch()  # cached keys and values came from the old weights
-        self.weights_version = version
+        """Copy ``weights`` into the model between requests (names as in its ``state_dict``;
+        dtype and device are converted) and label later results with ``version``. Running
+        requests finish on the weights they started with; requests that arrive meanwhile wait
+        for the new ones. A name the model lacks or a wrong shape raises ``ValueError`` before
+        any weight changes."""
+        self._swaps_waiting += 1
+        try:
+            while any(not row.future.done() for row in self._running):
+                self._drained.clear()
+                await self._drained.wait()
+            async with self._model_lock:
+                await run_on_device(str(self._device), self._load_weights, list(weights))
+                self._reset_batch()  # cached keys and values came from the old weights
+                self.weights_version = version
+        finally:
+            self._swaps_waiting -= 1
+            if self._wakeup is not None:
+                self._wakeup.set()  # requests held during the copy may start now
 
     def _load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         targets = self.model.state_dict()

@@ -2,8 +2,9 @@
 
 The conversation is never re-tokenized: the prompt and each piece of template glue (end of the
 assistant turn, the tool response as a user turn, the next assistant header) are encoded once and
-appended after the model's own token ids. Model tokens get loss mask 1 and their sampling
-log-probs; glue and tool tokens get mask 0 and log-prob 0.
+appended after the model's own token ids. Model tokens get loss mask 1, their sampling
+log-probs and the version label of the weights that sampled them; glue and tool tokens get
+mask 0, log-prob 0 and no version.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Conversation:
         self.response_ids: list[int] = []
         self.loss_mask: list[int] = []
         self.logprobs: list[float] = []
+        self.versions: list[str | None] = []
         self._prefill = prefill
 
     @property
@@ -46,11 +48,14 @@ class Conversation:
         token_ids: Sequence[int],
         logprobs: Sequence[float],
         loss_mask: Sequence[int] | None = None,
+        *,
+        version: str | None = None,
     ) -> str:
         """Append one generated turn; returns its text (without the end-of-turn token).
 
         Model tokens get mask 1 unless ``loss_mask`` (one per token) says otherwise: a token the
-        engine has no sampling log-prob for is not trained on.
+        engine has no sampling log-prob for is not trained on. ``version`` labels the weights
+        that sampled them (``GenerationResult.weights_version``).
         """
         if len(token_ids) != len(logprobs) or (
             loss_mask is not None and len(loss_mask) != len(token_ids)
@@ -62,6 +67,7 @@ class Conversation:
         self.response_ids += token_ids
         self.loss_mask += [1] * len(token_ids) if loss_mask is None else loss_mask
         self.logprobs += logprobs
+        self.versions += [version] * len(token_ids)
         self.text += self.chat.decode(token_ids)
         body = (
             token_ids[:-1] if token_ids and token_ids[-1] in self.chat.stop_token_ids else token_ids
@@ -104,5 +110,6 @@ class Conversation:
         self.response_ids += glue.ids
         self.loss_mask += [0] * len(glue.ids)
         self.logprobs += [0.0] * len(glue.ids)
+        self.versions += [None] * len(glue.ids)
         self.text += glue.text
         self.messages.extend(glue.messages)

@@ -35,6 +35,7 @@ class SimSequence:
     capacity: int = 0  # tokens its blocks hold
     boundary: int = 0  # the step that needs its next block
     serial: int = 0  # admission number; tells a stale finish entry from a live one
+    version: str | None = None  # the engine's weights version when the request arrived
 
     @property
     def prompt_len(self) -> int:
@@ -47,6 +48,7 @@ class SimSequence:
             token_ids=tuple(self.output[:n]),
             logprobs=(0.0,) * n,
             finish_reason=reason or self.finish_reason,
+            weights_version=self.version,
         )
 
 

@@ -30,6 +30,20 @@ LOCKSTEP_RUN = "static/lockstep"
 BASELINES = ("static", LOCKSTEP_RUN)
 
 
+def check_rollouts_fit(workload: WorkloadConfig, engine: SimEngineConfig) -> None:
+    """Raise ``ValueError`` when a rollout of ``workload`` cannot fit an engine: every request
+    asks for its prompt plus what is left of the budget, and one that exceeds the engine's
+    model length fails, and so would the whole run, after it ran."""
+    prompt = max(len(ids) for ids in Workload(workload).prompts)
+    needed = prompt + workload.response_budget
+    if needed > engine.model_len:
+        raise ValueError(
+            f"a rollout needs up to {needed} tokens (its prompt, up to {prompt}, plus the "
+            f"{workload.response_budget}-token response budget), more than an engine "
+            f"holds ({engine.model_len}): raise the KV cache or lower the budget"
+        )
+
+
 class RunSpec(NamedTuple):
     """One run of the benchmark: its name, policy, kv-aware admission and turn lockstep."""
 
@@ -71,16 +85,7 @@ class BenchConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_rollouts_fit(self) -> BenchConfig:
-        # A rollout's every request asks for its prompt plus what is left of the budget; one that
-        # exceeds the engine's model length fails, and so would the whole benchmark, after it ran.
-        prompt = max(len(ids) for ids in Workload(self.workload).prompts)
-        needed = prompt + self.workload.response_budget
-        if needed > self.engine.model_len:
-            raise ValueError(
-                f"a rollout needs up to {needed} tokens (its prompt, up to {prompt}, plus the "
-                f"{self.workload.response_budget}-token response budget), more than an engine "
-                f"holds ({self.engine.model_len}): raise the KV cache or lower the budget"
-            )
+        check_rollouts_fit(self.workload, self.engine)
         return self
 
     @property

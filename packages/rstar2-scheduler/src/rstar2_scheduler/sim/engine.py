@@ -132,6 +132,9 @@ class SimEngineCounters(BaseModel):
     recomputed_tokens: int = Field(default=0, description="Prefill of preempted sequences.")
     preemptions: int = 0
     finished: int = 0
+    mid_request_swaps: int = Field(
+        default=0, description="Weight updates that arrived while requests were in the engine."
+    )
 
 
 def _done(future: asyncio.Future[None]) -> None:
@@ -162,6 +165,8 @@ class SimEngine(Engine):
         self._steps = 0
         self._loop_task: asyncio.Task[None] | None = None
         self._wake: asyncio.Future[None] | None = None
+        self.weights_version: str | None = None
+        self._mid_request_swaps = 0
 
     # -- Engine interface -------------------------------------------------------------------
 
@@ -179,8 +184,14 @@ class SimEngine(Engine):
                 seq.future.set_result(seq.result("abort"))
 
     async def update_weights(self, weights: NamedTensors, *, version: str | None = None) -> None:
-        """Simulated: outputs do not depend on weights, but cached prefixes go stale."""
+        """Simulated: outputs do not depend on weights, but cached prefixes go stale and later
+        results carry ``version``. Like a real engine it does not wait for running requests:
+        keeping weights from changing mid-request is the caller's part (``TurnGate``); such
+        updates are counted, and results keep the version their request arrived under."""
+        if self._batch.running or self._batch.waiting:
+            self._mid_request_swaps += 1
         await self.reset_prefix_cache()
+        self.weights_version = version
 
     async def reset_prefix_cache(self) -> None:
         self._batch.pool.forget_prefixes()
@@ -208,6 +219,7 @@ class SimEngine(Engine):
             recomputed_tokens=c.recomputed_tokens,
             preemptions=c.preemptions,
             finished=c.finished,
+            mid_request_swaps=self._mid_request_swaps,
         )
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -227,6 +239,7 @@ class SimEngine(Engine):
         await self.start()
         output, reason = self._draw_output(request)
         seq = SimSequence(request, output, reason, asyncio.get_running_loop().create_future())
+        seq.version = self.weights_version
         batch = self._batch
         batch.waiting.append(seq)
         # Only a request that could join the batch at the next step ends a span of steps early:

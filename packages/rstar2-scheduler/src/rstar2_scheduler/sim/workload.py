@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import random
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cached_property
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rstar2_scheduler.engine import Engine, GenerationRequest, SamplingParams
+from rstar2_scheduler.engine import Engine, GenerationRequest, GenerationResult, SamplingParams
 from rstar2_scheduler.sim.distributions import LogNormal
 from rstar2_scheduler.sim.lockstep import TurnBarrier
 
@@ -166,24 +166,31 @@ class Workload:
         engine: Engine,
         *,
         lockstep: Mapping[str, TurnBarrier] | None = None,
+        on_turn: Callable[[GenerationResult], None] | None = None,
     ) -> RolloutPlan:
         """Drive ``engine`` through the plan's turns; returns the plan once it has been replayed.
+
+        ``on_turn`` sees every turn's result (e.g. to record the weights version it came from).
 
         With ``lockstep`` (a barrier per engine name) the rollout takes its turns together with
         the other rollouts of its engine: its tool call starts once every one of them has
         generated the turn, and its next turn once all their tool responses are back.
         """
         if lockstep is None:
-            return await self._replay(plan, engine, None)
+            return await self._replay(plan, engine, None, on_turn)
         barrier = lockstep[engine.name]
         barrier.join()
         try:
-            return await self._replay(plan, engine, barrier)
+            return await self._replay(plan, engine, barrier, on_turn)
         finally:
             barrier.leave()
 
     async def _replay(
-        self, plan: RolloutPlan, engine: Engine, barrier: TurnBarrier | None
+        self,
+        plan: RolloutPlan,
+        engine: Engine,
+        barrier: TurnBarrier | None,
+        on_turn: Callable[[GenerationResult], None] | None,
     ) -> RolloutPlan:
         ids = self.prompts[plan.prompt_index]
         used = 0
@@ -205,6 +212,8 @@ class Workload:
                     f"{len(result.token_ids)} tokens, the plan expects {turn.output_tokens}; "
                     "the engine's output_tokens must equal the workload's turn_tokens"
                 )
+            if on_turn is not None:
+                on_turn(result)
             ids += result.token_ids
             used += turn.output_tokens
             if turn.tool_latency_s is None:

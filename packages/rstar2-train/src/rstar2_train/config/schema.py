@@ -305,9 +305,29 @@ class LossConfig(_Section):
     tis_cap: float | None = Field(
         default=None,
         gt=0,
-        description="Truncated importance sampling: weight each token by min(p_trainer / "
-        "p_engine, cap) to correct engine/trainer mismatch (None: off).",
+        description="Synchronous loop (rl.max_staleness 0): truncated importance sampling, "
+        "weighting each token by min(p_trainer / p_engine, cap) to correct engine/trainer "
+        "mismatch (None: off). With max_staleness >= 1 the behaviour weight does this.",
     )
+    behaviour_cap: float = Field(
+        default=2.0,
+        gt=0,
+        description="rl.max_staleness >= 1: the decoupled objective weights each token by "
+        "min(pi_prox / pi_behav, cap), pi_prox the trainer's log-probs at the start of the "
+        "update and pi_behav the (older) sampling policy's.",
+    )
+    behaviour_band: tuple[float, float] | None = Field(
+        default=None,
+        description="rl.max_staleness >= 1: [low, high]; a token whose untruncated behaviour "
+        "weight falls outside is masked out of the loss (None: none is).",
+    )
+
+    @model_validator(mode="after")
+    def _band(self) -> Self:
+        band = self.behaviour_band
+        if band is not None and not 0 <= band[0] < band[1]:
+            raise ValueError(f"behaviour_band must be [low, high] with 0 <= low < high, got {band}")
+        return self
 
 
 class EnginesConfig(_Section):
@@ -326,7 +346,28 @@ class EnginesConfig(_Section):
         description="transformers, in this process: torch's intra-op threads during the "
         "engines' forward steps (None: torch's setting; 1 decodes a tiny model faster on a CPU).",
     )
+    process: bool = Field(
+        default=False,
+        description="transformers, without placement: run each engine in a child process of "
+        "its own, so that its forward steps run beside the trainer's update (in this process "
+        "they share one compute thread): what rl.max_staleness needs to overlap on one machine "
+        "without Ray.",
+    )
+    cpus: list[int] | None = Field(
+        default=None,
+        min_length=1,
+        description="process: the CPU cores the engine processes may run on (e.g. [1], with "
+        "the trainer on the others); None: any.",
+    )
     vllm: dict[str, Any] = Field(default_factory=dict, description="vllm: AsyncEngineArgs.")
+
+    @model_validator(mode="after")
+    def _process(self) -> Self:
+        if self.process and self.kind != "transformers":
+            raise ValueError("process: only transformers engines run in child processes")
+        if self.cpus is not None and not self.process:
+            raise ValueError("cpus: pins engine processes; set process: true")
+        return self
 
 
 class SandboxConfig(_Section):
@@ -474,6 +515,16 @@ class RLConfig(_Section):
     rollouts_per_prompt: int = Field(gt=1, description="2G: rollouts generated per prompt.")
     roc: RocConfig
     loss: LossConfig = Field(default_factory=LossConfig)
+    max_staleness: int = Field(
+        default=0,
+        ge=0,
+        description="eta. 0: the synchronous loop (rollouts, update, weight sync, next "
+        "rollouts). >= 1: rollouts are produced while the trainer updates; a prompt group is "
+        "admitted only while (eta + 1) x prompts_per_step groups are not all admitted and "
+        "unconsumed, so no trained token is more than eta policy versions old; the loss is the "
+        "decoupled objective (loss.behaviour_cap). Needs engines beside the trainer, not "
+        "colocated.",
+    )
     ppo_mini_batches: int = Field(
         default=1, gt=0, description="Optimizer steps per RL step (1: fully on-policy)."
     )
@@ -505,6 +556,12 @@ class RLConfig(_Section):
             )
         if self.roc.min_positives + self.roc.min_negatives > self.roc.keep:
             raise ValueError("roc.min_positives + roc.min_negatives cannot exceed roc.keep")
+        if self.max_staleness and self.loss.tis_cap is not None:
+            raise ValueError(
+                "loss.tis_cap is the synchronous loop's correction; with max_staleness >= 1 the "
+                "behaviour weight (loss.behaviour_cap) corrects engine/trainer mismatch too: "
+                "unset loss.tis_cap"
+            )
         if "chat" in self.rollout.model_fields_set:
             raise ValueError(
                 "rl.rollout.chat: set the top-level chat section instead (SFT, RL and "
@@ -555,10 +612,21 @@ class StageConfig(_Section):
         if placement is not None:
             if self.rl is None:
                 raise ValueError("placement: Ray placement runs RL stages only (kind rl)")
+            if self.rl.engines.process:
+                raise ValueError(
+                    "rl.engines.process runs engines in child processes of this one; with "
+                    "placement each engine is a Ray actor already: unset rl.engines.process"
+                )
             if placement.trainer.fsdp.activation_checkpointing and self.rl.shared_prefix:
                 raise ValueError(
                     "placement.trainer.fsdp.activation_checkpointing turns the KV cache off in "
                     "training, which rl.shared_prefix needs: set rl.shared_prefix=false"
+                )
+            if placement.mode == "colocated" and self.rl.max_staleness:
+                raise ValueError(
+                    "rl.max_staleness > 0 overlaps rollouts with the update, but colocated "
+                    "engines sleep while the trainer uses their devices: set placement.mode "
+                    "split or rl.max_staleness 0"
                 )
             engines, ranks = self.rl.engines.count, placement.trainer.ranks
             if placement.mode == "colocated" and engines != ranks:

@@ -1,6 +1,6 @@
 """``rstar2-train demo``: the whole loop on a laptop CPU (data, SFT, GRPO-RoC, evaluation)."""
 
-from rstar2_train.demo.pipeline import DemoRunner, run_demo
+from rstar2_train.demo.pipeline import DemoRunner, run_async_ablation, run_demo
 from rstar2_train.demo.plan import DemoOptions, DemoPaths
 from rstar2_train.demo.report import (
     AblationResult,
@@ -10,10 +10,12 @@ from rstar2_train.demo.report import (
     PhaseTime,
 )
 from rstar2_train.demo.scores import HeldOutScores
+from rstar2_train.demo.staleness import AsyncAblationResult
 
 __all__ = [
     "AblationResult",
     "AblationRun",
+    "AsyncAblationResult",
     "DemoOptions",
     "DemoPaths",
     "DemoRunner",
@@ -21,5 +23,6 @@ __all__ = [
     "HeldOutScores",
     "Invocation",
     "PhaseTime",
+    "run_async_ablation",
     "run_demo",
 ]

@@ -23,6 +23,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
+import rstar2_train.demo.staleness as staleness
 from rstar2_eval import (
     Grader,
     GraderConfig,
@@ -62,6 +63,7 @@ from rstar2_train.demo.report import (
     write_summary,
 )
 from rstar2_train.demo.scores import HeldOutScores, held_out_scores
+from rstar2_train.demo.staleness import AsyncAblationResult
 from rstar2_train.progress import Reporter
 from rstar2_train.progress_log import stage_reporter
 from rstar2_train.run_dir import RunDir, RunError
@@ -70,6 +72,11 @@ from rstar2_train.runner import run_stage
 logger = logging.getLogger(__name__)
 
 HELDOUT_SET = "heldout"
+
+
+def _finished(config: StageConfig) -> bool:
+    final = RunDir(config.output_dir).final
+    return (final / STATE_FILE).is_file() and read_state(final).finished
 
 
 class _Clock:
@@ -131,7 +138,7 @@ class DemoRunner:
         self.sft = sft_config(options, self.paths)
         self.rl = rl_config(options, self.paths)
         self._step = 0
-        self._steps = 6 + (1 if options.ablation else 0)
+        self._steps = 4 if options.ablation_async else 6 + (1 if options.ablation else 0)
 
     def _header(self, text: str) -> None:
         self._step += 1
@@ -173,7 +180,7 @@ class DemoRunner:
                 f"{run_dir.root} holds a {config.name} run with another config (see "
                 f"{run_dir.config}): use another --out, or the same options"
             )
-        if (final / STATE_FILE).is_file() and read_state(final).finished:
+        if _finished(config):
             self.console.print(f"{label}: finished earlier, final weights in {final}")
             with self.clock.phase(label, skipped=True):
                 return final
@@ -287,6 +294,61 @@ class DemoRunner:
             roc_lower=None if roc is None or plain is None else roc < plain,
         )
 
+    def run_async_ablation(self) -> AsyncAblationResult:
+        """Data and SFT as the demo builds them, then the RL stage synchronous and at each
+        max_staleness over 3 seeds (``demo/staleness.py``), each run's checkpoints evaluated on
+        the held-out split; the result in ``ablation-async.json`` and ``.txt``."""
+        options, paths = self.options, self.paths
+        trainer_cores, engine_cores = staleness.cores()
+        self.build_data()
+        self._header(f"SFT: {self.sft.name} -> {paths.sft}")
+        sft_final = self.train(self.sft, "sft")
+        seeds = [options.seed + offset for offset in range(staleness.SEEDS)]
+        arms = [(arm, seed) for seed in seeds for arm in staleness.ARMS]
+        self._header(
+            f"RL: synchronous and max_staleness {', '.join(map(str, staleness.ARMS[1:]))}, "
+            f"{len(seeds)} seeds; trainer on cores {trainer_cores}, engine on {engine_cores}"
+        )
+        for arm, seed in arms:  # seeds outermost: a change of load falls on every arm alike
+            name = staleness.arm_name(arm)
+            config = rl_config(
+                options,
+                paths,
+                output=paths.async_run(name, seed),
+                seed=seed,
+                overrides=staleness.run_overrides(arm, quick=options.quick),
+            )
+            label = f"rl {name}-seed{seed}"
+            if _finished(config):
+                self.train(config, label)  # says so; its load was recorded when it trained
+                continue
+            with staleness.trainer_pinned(), staleness.measured_load(Path(config.output_dir)):
+                self.train(config, label)
+        (problems,) = load_problem_sets([f"{HELDOUT_SET}={paths.dataset(HELDOUT_RECIPE)}"])
+        problems = problems.head(eval_settings(options, self.rl).limit)
+        every = staleness.QUICK_EVAL_EVERY if options.quick else staleness.EVAL_EVERY
+        self._header(f"evaluation: the SFT checkpoint and every {every}th step of each run")
+        runs = []
+        with Grader(GraderConfig(workers=1)) as grader:
+            start, _ = self.evaluate(sft_final, "sft", problems, grader)
+            for arm, seed in arms:
+                name = staleness.arm_name(arm)
+                run_dir = paths.async_run(name, seed)
+                accuracy = {0: start.accuracy}
+                for step, checkpoint in staleness.evaluated_steps(run_dir, every):
+                    scores, _ = self.evaluate(
+                        checkpoint, f"async-{name}-seed{seed}-step{step}", problems, grader
+                    )
+                    accuracy[step] = scores.accuracy
+                runs.append(staleness.run_record(run_dir, arm, seed, accuracy))
+        self._header("summary")
+        result = staleness.summarize(runs, trainer=trainer_cores, engine=engine_cores)
+        plot = staleness.plot_curves(result, paths.ablation_async / "accuracy_vs_wallclock.png")
+        result = result.model_copy(update={"plot": None if plot is None else str(plot)})
+        staleness.write_result(result, paths.ablation_async)
+        staleness.print_result(result, self.results)
+        return result
+
     def _plots(self) -> list[Path]:
         found = [*sorted((self.paths.sft / "plots").glob("*.png"))]
         found += sorted((self.paths.rl / "plots").glob("*.png"))
@@ -298,9 +360,21 @@ class DemoRunner:
         return steps[-1:]
 
 
+def _runner(options: DemoOptions, console: Console | None, results: Console | None) -> DemoRunner:
+    return DemoRunner(options, console or Console(stderr=True), results or Console())
+
+
 def run_demo(
     options: DemoOptions, *, console: Console | None = None, results: Console | None = None
 ) -> DemoSummary:
     """Run (or resume) the whole demo, logging and showing progress on ``console`` (stderr)
     and printing the summary on ``results`` (stdout); returns what it printed."""
-    return DemoRunner(options, console or Console(stderr=True), results or Console()).run()
+    return _runner(options, console, results).run()
+
+
+def run_async_ablation(
+    options: DemoOptions, *, console: Console | None = None, results: Console | None = None
+) -> AsyncAblationResult:
+    """Run (or resume) ``demo --ablation-async`` like :func:`run_demo`; returns what it
+    printed."""
+    return _runner(options, console, results).run_async_ablation()

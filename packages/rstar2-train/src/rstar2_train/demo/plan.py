@@ -7,6 +7,7 @@ same configs to a few steps.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -53,7 +54,15 @@ class DemoOptions(BaseModel):
     ablation: bool = Field(
         default=False, description="Also RL with roc sample and none over 3 seeds each."
     )
+    ablation_async: bool = Field(
+        default=False,
+        description="Instead of the demo's RL run: RL synchronous and at max_staleness 1 and 2, "
+        "3 seeds each, engine and trainer on disjoint cores.",
+    )
     seed: int = Field(default=0, description="Seed of the SFT stage and of the main RL run.")
+    rl_steps: int | None = Field(
+        default=None, ge=1, description="RL steps of every RL run (None: the config's)."
+    )
     progress: bool = Field(default=True, description="Live progress in a terminal.")
     log_every: int | None = Field(
         default=None, ge=1, description="Without a live display: a progress line every N steps."
@@ -82,6 +91,13 @@ class DemoPaths:
     def ablation_run(self, strategy: str, seed: int) -> Path:
         return self.ablation / f"roc-{strategy}-seed{seed}"
 
+    @property
+    def ablation_async(self) -> Path:
+        return self.out / "ablation-async"
+
+    def async_run(self, arm: str, seed: int) -> Path:
+        return self.ablation_async / f"{arm}-seed{seed}"
+
 
 def sft_config(options: DemoOptions, paths: DemoPaths) -> StageConfig:
     overrides = [
@@ -102,9 +118,11 @@ def rl_config(
     output: Path | None = None,
     seed: int | None = None,
     strategy: str | None = None,
+    overrides: Sequence[str] = (),
 ) -> StageConfig:
-    """demo-rl from the SFT stage's final weights; ``strategy`` and ``seed`` for the ablation."""
-    overrides = [
+    """demo-rl from the SFT stage's final weights; ``strategy``, ``seed`` and ``overrides``
+    for the ablations."""
+    settings = [
         f"output_dir={output or paths.rl}",
         f"seed={options.seed if seed is None else seed}",
         f"model.path={paths.sft / 'final'}",
@@ -112,10 +130,12 @@ def rl_config(
         f"data.train.build={paths.dataset(RL_RECIPE)}",
     ]
     if strategy is not None:
-        overrides.append(f"rl.roc.strategy={strategy}")
+        settings.append(f"rl.roc.strategy={strategy}")
     if options.quick:
-        overrides += _QUICK_RL
-    return load_config(RL_CONFIG, overrides)
+        settings += _QUICK_RL
+    if options.rl_steps is not None:
+        settings.append(f"rl.steps={options.rl_steps}")
+    return load_config(RL_CONFIG, [*settings, *overrides])
 
 
 def eval_settings(options: DemoOptions, rl: StageConfig) -> EvalSettings:

@@ -67,20 +67,31 @@ class EngineSpec:
             self.vllm_config()  # a sampling vLLM cannot serve fails here, in the driver
 
     def vllm_config(self) -> VLLMEngineConfig:
-        """The vLLM engine's config: its model and arguments, with the log-prob mode that gives
-        the trainer's log-probs at the rollouts' sampling (``ValueError`` when none does)."""
+        """The vLLM engine's config (see ``vllm_engine_config``)."""
         if self.vllm_model is None:
             raise ValueError(f"engine {self.name}: a vLLM engine needs vllm_model")
-        try:
-            mode = logprobs_mode_for(self.temperature, self.top_p)
-        except ValueError as impossible:
-            raise ValueError(f"rl.rollout with rl.engines.kind=vllm: {impossible}") from None
-        return VLLMEngineConfig(
-            model=self.vllm_model,
+        return vllm_engine_config(
+            self.vllm_model,
             name=self.name,
-            engine_args=dict(self.vllm_args),
-            logprobs_mode=mode,
+            engine_args=self.vllm_args,
+            temperature=self.temperature,
+            top_p=self.top_p,
         )
+
+
+def vllm_engine_config(
+    model: str, *, name: str, engine_args: dict[str, Any], temperature: float, top_p: float
+) -> VLLMEngineConfig:
+    """A vLLM engine's config for RL, in a Ray actor or in this process: its model and
+    arguments, with the log-prob mode whose behaviour log-probs the trainer's recomputation
+    matches at the rollouts' sampling (``ValueError`` naming rl.rollout when no mode does)."""
+    try:
+        mode = logprobs_mode_for(temperature, top_p)
+    except ValueError as impossible:
+        raise ValueError(f"rl.rollout with rl.engines.kind=vllm: {impossible}") from None
+    return VLLMEngineConfig(
+        model=model, name=name, engine_args=dict(engine_args), logprobs_mode=mode
+    )
 
 
 class EngineHost:

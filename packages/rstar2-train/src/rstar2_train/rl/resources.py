@@ -18,26 +18,35 @@ from rstar2_sandbox.local import LocalSandbox
 from rstar2_sandbox.protocol import Sandbox
 from rstar2_scheduler import (
     Engine,
+    ProcessEngine,
+    ProcessEngineConfig,
+    RolloutConfig,
     TransformersEngine,
     TransformersEngineConfig,
     VLLMEngine,
-    VLLMEngineConfig,
 )
 from rstar2_train.actor import Actor, TrainingActor
 from rstar2_train.config.schema import EnginesConfig, SandboxConfig, StageConfig
 from rstar2_train.modeling import resolve_device
+from rstar2_train.placement.engines import vllm_engine_config
 from rstar2_train.rl.grading import Grading, LocalGrading
 
 logger = logging.getLogger(__name__)
 
 
 def make_engines(
-    config: EnginesConfig, model: PreTrainedModel, *, model_path: str | None, seed: int
+    config: EnginesConfig,
+    model: PreTrainedModel,
+    *,
+    model_path: str | None,
+    seed: int,
+    rollout: RolloutConfig,
 ) -> list[Engine]:
     """``config.count`` engines serving the policy's current weights.
 
     Transformers engines hold their own copy of ``model`` (the trainer's stays in training
-    mode); vLLM loads ``model_path`` and then receives weights after every step.
+    mode); vLLM loads ``model_path`` and then receives weights after every step, started in
+    the log-prob mode that matches the trainer's recomputation at ``rollout``'s sampling.
     """
     if config.kind == "vllm":
         if config.count > 1:
@@ -47,24 +56,31 @@ def make_engines(
             )
         if model_path is None:
             raise ValueError("vLLM engines load a checkpoint: set model.path")
-        return [VLLMEngine(VLLMEngineConfig(model=model_path, engine_args=dict(config.vllm)))]
+        vllm = vllm_engine_config(
+            model_path,
+            name="engine-0",
+            engine_args=config.vllm,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+        )
+        return [VLLMEngine(vllm)]
     device = resolve_device(config.device)
     engines: list[Engine] = []
     for index in range(config.count):
         replica = copy.deepcopy(model).to(device)  # type: ignore[arg-type]  # transformers' stub
         replica.requires_grad_(False)
-        engines.append(
-            TransformersEngine(
-                replica,
-                TransformersEngineConfig(
-                    name=f"engine-{index}",
-                    kv_budget_tokens=config.kv_budget_tokens,
-                    max_batch_size=config.max_batch_size,
-                    seed=seed + index,
-                    torch_threads=config.torch_threads,
-                ),
-            )
+        settings = TransformersEngineConfig(
+            name=f"engine-{index}",
+            kv_budget_tokens=config.kv_budget_tokens,
+            max_batch_size=config.max_batch_size,
+            seed=seed + index,
+            torch_threads=config.torch_threads,
         )
+        if config.process:
+            cpus = tuple(config.cpus) if config.cpus is not None else None
+            engines.append(ProcessEngine(replica, ProcessEngineConfig(engine=settings, cpus=cpus)))
+        else:
+            engines.append(TransformersEngine(replica, settings))
     return engines
 
 
@@ -128,7 +144,9 @@ async def training_side(
     placement = stage_placement(config)
     if placement is None:
         actor = Actor(model, config.optimizer, config.schedule, total_steps=total_steps)
-        engines = make_engines(rl.engines, model, model_path=model_path, seed=config.seed)
+        engines = make_engines(
+            rl.engines, model, model_path=model_path, seed=config.seed, rollout=rl.rollout
+        )
         grader = LocalGrading(Grader(rl.grader))
         yield TrainingSide(actor, engines, make_sandbox(rl.sandbox), grader, "local")
         return

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from rstar2_data import MathProblem
@@ -22,17 +24,32 @@ from rstar2_train.modeling import bootstrap_chat
 from rstar2_train.placement.engines import COLOCATED_SLEEP_LEVEL, ray_engines, sync_weights
 from rstar2_train.rl.report import rollout_metrics, sample_rows, write_samples
 from rstar2_train.rl.resources import RolloutResources, rollout_resources, training_side
-from rstar2_train.rl.rollouts import collect, rollout_seed
+from rstar2_train.rl.rollouts import RolloutPhaseResult, ScoredRollout, collect, rollout_seed
 from rstar2_train.rl.selection import select
-from rstar2_train.rl.update import policy_update, training_sequences
+from rstar2_train.rl.update import BehaviourCorrection, policy_update, training_sequences
 from rstar2_train.rl.validation import Validator
 from rstar2_train.stage import StageRun
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class StageParts:
+    """What the loop of an RL stage works with, set up by ``RLTrainer.train``."""
+
+    problems: list[MathProblem]
+    order: DataOrder
+    actor: TrainingActor
+    runner: RolloutRunner
+    resources: RolloutResources
+    pad: int
+    validate: Callable[[int], Awaitable[dict[str, float]]]
+
+
 class RLTrainer:
-    """Runs an RL stage (``kind: rl``) in this process."""
+    """Runs an RL stage (``kind: rl``) in this process: the synchronous loop (one rollout phase,
+    then the update, then the weight sync, per step). ``rl.max_staleness`` >= 1 runs
+    ``AsyncRLTrainer`` (``rl/asynchronous.py``), which keeps this set-up and replaces the loop."""
 
     def __init__(self, run: StageRun) -> None:
         self.run = run
@@ -79,7 +96,6 @@ class RLTrainer:
             self.colocated = side.mode == "colocated"
             run.restore(actor, tokenizer, order)
             runner = RolloutRunner(tokenizer, resources.sandbox, config.rollout)
-            scheduler = RolloutScheduler(resources.engines, rl.scheduler)
             pad = int(tokenizer.pad_token_id or 0)
             run.reporter.start(f"rl {config.name}", rl.steps, run.start_step)
 
@@ -100,49 +116,66 @@ class RLTrainer:
                 initial = await validate(0)
                 if initial:
                     run.metrics.write(0, initial)
-            for step in range(run.start_step + 1, rl.steps + 1):
-                metrics = await self._step(
-                    step,
-                    [problems[i] for i in order.take(rl.prompts_per_step)],
-                    actor=actor,
-                    runner=runner,
-                    scheduler=scheduler,
-                    resources=resources,
-                    pad=pad,
-                )
-                metrics.update(await validate(step))
-                run.after_step(step, rl.steps, metrics)
+            await self.loop(StageParts(problems, order, actor, runner, resources, pad, validate))
             # Inside: a distributed trainer's ranks hold the weights the final checkpoint needs.
             return run.finish(rl.steps)
 
-    async def _step(
+    async def loop(self, parts: StageParts) -> None:
+        """Steps ``start_step + 1 .. rl.steps``, each logged and checkpointed when due."""
+        run, rl = self.run, self.rl
+        scheduler = RolloutScheduler(parts.resources.engines, rl.scheduler)
+        began = time.perf_counter()
+        for step in range(run.start_step + 1, rl.steps + 1):
+            problems = [parts.problems[i] for i in parts.order.take(rl.prompts_per_step)]
+            started = time.perf_counter()
+            phase = await collect(
+                problems,
+                step=step,
+                seed=self.config.seed,
+                samples=rl.rollouts_per_prompt,
+                runner=parts.runner,
+                scheduler=scheduler,
+                grader=parts.resources.grader,
+                on_progress=lambda done, total: run.reporter.phase(f"rollouts {done}/{total}"),
+            )
+            metrics = await self.learn(step, phase, parts, sync=self._sync)
+            metrics["time/step_s"] = time.perf_counter() - started
+            metrics["engines/idle_fraction"] = 1 - phase.metrics.busy_s / (
+                len(parts.resources.engines) * metrics["time/step_s"]
+            )
+            metrics["trainer/idle_s"] = phase.rollout_s + phase.grading_tail_s
+            metrics["time/elapsed_s"] = time.perf_counter() - began
+            metrics.update(await parts.validate(step))
+            run.after_step(step, rl.steps, metrics)
+
+    async def _sync(self, step: int, parts: StageParts) -> None:
+        self.run.reporter.phase("weight sync")  # colocated: the engines wake with the sync
+        await sync_weights(
+            parts.actor, parts.resources.engines, version=str(step), wake=self.colocated
+        )
+
+    async def learn(
         self,
         step: int,
-        problems: list[MathProblem],
+        phase: RolloutPhaseResult,
+        parts: StageParts,
         *,
-        actor: TrainingActor,
-        runner: RolloutRunner,
-        scheduler: RolloutScheduler,
-        resources: RolloutResources,
-        pad: int,
+        sync: Callable[[int, StageParts], Awaitable[None]],
+        behaviour: BehaviourCorrection | None = None,
+        kept_metrics: Callable[[list[ScoredRollout]], dict[str, float]] | None = None,
     ) -> dict[str, float]:
+        """Everything a step does with its finished rollouts: RoC selection, the update
+        (``behaviour``: the decoupled objective's weights) and ``sync`` of the new weights.
+        ``kept_metrics`` adds figures about the rollouts the update trains on."""
         rl, seed = self.rl, self.config.seed
-        started = time.perf_counter()
-        phase = await collect(
-            problems,
-            step=step,
-            seed=seed,
-            samples=rl.rollouts_per_prompt,
-            runner=runner,
-            scheduler=scheduler,
-            grader=resources.grader,
-            on_progress=lambda done, total: self.run.reporter.phase(f"rollouts {done}/{total}"),
-        )
+        resources, actor = parts.resources, parts.actor
         group = ray_engines(resources.engines)
         if group is not None:
             group.check()  # engines lost mid-phase had their rollouts re-run on the others
         selection = select(phase.rollouts, rl.roc, seed=rollout_seed(seed, step, -1, -1))
         metrics = rollout_metrics(phase, selection)
+        if kept_metrics is not None:
+            metrics.update(kept_metrics([phase.rollouts[i] for i in selection.kept]))
         if self.config.logging.sample_rollouts:
             samples = write_samples(
                 self.run.dir.samples / f"step-{step:06d}.md",
@@ -168,26 +201,21 @@ class RLTrainer:
                     selection.advantages,
                     rl,
                     temperature=rl.rollout.temperature,
-                    pad_id=pad,
+                    pad_id=parts.pad,
                     seed=rollout_seed(seed, step, -2, -2),
+                    behaviour=behaviour,
                 )
             )
         else:
             logger.warning("step %d: every group was dropped; no update", step)
             actor.skip()
         synced = time.perf_counter()
-        self.run.reporter.phase("weight sync")  # colocated: the engines wake with the sync
-        await sync_weights(actor, resources.engines, version=str(step), wake=self.colocated)
+        await sync(step, parts)
         done = time.perf_counter()
         metrics["time/update_s"] = synced - updated
         metrics["time/sync_s"] = done - synced
-        metrics["time/step_s"] = done - started
         if group is not None:
             metrics["engines/lost"] = float(len(group.dead))
         metrics.update(resources.grader.metrics())
         metrics["actor/trained_tokens"] = float(sum(sum(s.mask) for s in sequences))
         return metrics
-
-
-def train_rl(run: StageRun) -> Path:
-    return asyncio.run(RLTrainer(run).train())

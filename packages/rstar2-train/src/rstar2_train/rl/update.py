@@ -3,22 +3,25 @@
 The engines' sampling log-probs travel with each rollout. The trainer recomputes the log-probs
 of the same tokens under the same weights (the "old" policy of the clipped ratio, since the step
 is on-policy); the gap between the two is logged, and with ``loss.tis_cap`` each token's loss is
-weighted by ``min(p_trainer / p_engine, cap)`` (truncated importance sampling). With one
-mini-batch and no importance weights, the old log-probs are the update's own forward pass,
-detached (the ratio is exactly 1), so no separate pass is run. The loss of every
-micro-batch is normalised by the whole mini-batch's token (or sequence) count, so gradient
-accumulation gives the loss of the full batch.
+weighted by ``min(p_trainer / p_engine, cap)`` (truncated importance sampling). With bounded
+staleness the rollouts come from older policies: the recomputed log-probs are the proximal
+policy of the decoupled objective, and each token's loss is weighted by the behaviour weight
+``min(pi_prox / pi_behav, behaviour_cap)`` (rstar2-algo's ``behaviour_weights``; the same
+weight as TIS, which it replaces). With one mini-batch and no weights, the old log-probs are
+the update's own forward pass, detached (the ratio is exactly 1), so no separate pass is run.
+The loss of every micro-batch is normalised by the whole mini-batch's token (or sequence)
+count, so gradient accumulation gives the loss of the full batch.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from rstar2_algo import policy_loss
+from rstar2_algo import WeightStats, behaviour_weights, policy_loss
 from rstar2_train.actor import LossFn, MetricSums, TrainingActor
 from rstar2_train.batching import MicroBatch, TokenSequence, micro_batches
 from rstar2_train.config.schema import RLConfig
@@ -48,12 +51,31 @@ def training_sequences(
 
 
 @dataclass(frozen=True)
+class BehaviourCorrection:
+    """Per-token weights ``min(p_trainer / p_engine, cap)`` on the loss, 0 outside ``band``:
+    TIS in the synchronous loop, the decoupled objective's behaviour weight with staleness."""
+
+    cap: float
+    band: tuple[float, float] | None = None
+    prefix: str = "behaviour/"
+    """Where its statistics are logged."""
+
+
+def correction(config: RLConfig) -> BehaviourCorrection | None:
+    """The synchronous loop's weights: TIS when ``loss.tis_cap`` is set, else none."""
+    cap = config.loss.tis_cap
+    return None if cap is None else BehaviourCorrection(cap, prefix="tis/")
+
+
+@dataclass(frozen=True)
 class _MiniBatch:
     batches: list[MicroBatch]
     advantages: list[torch.Tensor]
     old: list[torch.Tensor] | None
     """Old log-probs per micro-batch; ``None`` when the old policy is the one being updated, so
     that the update's own forward pass (detached) gives them."""
+    weights: list[torch.Tensor] = field(default_factory=list)
+    """Per micro-batch: the tokens' weights on the loss (empty: no weights)."""
 
 
 def _split(count: int, parts: int, seed: int) -> list[list[int]]:
@@ -105,6 +127,7 @@ def _loss(mini: _MiniBatch, config: RLConfig) -> LossFn:
             eps_high=loss_config.eps_high,
             dual_clip=loss_config.dual_clip,
             agg=loss_config.aggregation,
+            weights=mini.weights[index] if mini.weights else None,
             **counts,
         )
         metrics = result.metrics("actor/")
@@ -126,14 +149,17 @@ def policy_update(
     temperature: float,
     pad_id: int,
     seed: int,
+    behaviour: BehaviourCorrection | None = None,
 ) -> dict[str, float]:
     """``config.ppo_mini_batches`` optimizer steps; returns metrics.
 
-    The old log-probs need a separate forward pass only when the policy moves before a
-    mini-batch is trained on (several mini-batches) or when truncated importance sampling
-    weights the loss by them; otherwise the update's own pass gives them.
+    ``behaviour`` weights each token's loss (default: the synchronous loop's, TIS when
+    ``loss.tis_cap`` is set). The old log-probs need a separate forward pass only when the
+    policy moves before a mini-batch is trained on (several mini-batches) or when weights
+    depend on them; otherwise the update's own pass gives them.
     """
-    separate_pass = config.ppo_mini_batches > 1 or config.loss.tis_cap is not None
+    behaviour = behaviour or correction(config)
+    separate_pass = config.ppo_mini_batches > 1 or behaviour is not None
     minis: list[_MiniBatch] = []
     for members in _split(len(sequences), config.ppo_mini_batches, seed):
         chosen = [sequences[i] for i in members]
@@ -151,7 +177,7 @@ def policy_update(
             for batch in batches
         ]
         minis.append(_MiniBatch(batches, token_advantages, [] if separate_pass else None))
-    metrics = _recompute(actor, minis, config, temperature) if separate_pass else {}
+    metrics = _recompute(actor, minis, behaviour, temperature) if separate_pass else {}
     updates = []
     for mini in minis:
         updates.append(actor.update(mini.batches, _loss(mini, config), temperature=temperature))
@@ -166,21 +192,34 @@ def policy_update(
 
 
 def _recompute(
-    actor: TrainingActor, minis: list[_MiniBatch], config: RLConfig, temperature: float
+    actor: TrainingActor,
+    minis: list[_MiniBatch],
+    behaviour: BehaviourCorrection | None,
+    temperature: float,
 ) -> dict[str, float]:
-    """Fill each mini-batch's old log-probs (and importance weights); returns mismatch metrics."""
+    """Fill each mini-batch's old log-probs (and weights); returns mismatch and weight
+    metrics."""
     sums = MetricSums()
     tokens = 0
+    stats: WeightStats | None = None
     for mini in minis:
         assert mini.old is not None
         old = actor.logprobs(mini.batches, temperature=temperature)
         mini.old.extend(old)
-        for index, (batch, logprobs) in enumerate(zip(mini.batches, old, strict=True)):
+        for batch, logprobs in zip(mini.batches, old, strict=True):
             sums.add(_mismatch(batch, logprobs), batch.tokens)
             tokens += batch.tokens
-            if config.loss.tis_cap is not None:
-                engine = batch.token_values[ENGINE_LOGPROBS]
-                weight = torch.exp(logprobs - engine).clamp(max=config.loss.tis_cap)
-                trained = batch.mask.bool()
-                mini.advantages[index] = mini.advantages[index] * torch.where(trained, weight, 1.0)
-    return sums.means(tokens)
+            if behaviour is not None:
+                weights = behaviour_weights(
+                    logprobs,
+                    batch.token_values[ENGINE_LOGPROBS],
+                    batch.mask,
+                    cap=behaviour.cap,
+                    band=behaviour.band,
+                )
+                mini.weights.append(weights.weights)
+                stats = weights.stats if stats is None else stats + weights.stats
+    metrics = sums.means(tokens)
+    if stats is not None:
+        metrics.update(stats.metrics(behaviour.prefix if behaviour is not None else ""))
+    return metrics
