@@ -147,11 +147,25 @@ def _engine_config(kv_tokens: int, max_num_seqs: int) -> SimEngineConfig:
     return _DEFAULT_ENGINE.model_copy(update={"num_blocks": blocks, "max_num_seqs": max_num_seqs})
 
 
-def _rollouts_do_not_fit(error: ValidationError) -> typer.BadParameter:
-    """A workload whose rollouts an engine cannot hold (``BenchConfig``'s check), as the
+def _rollouts_do_not_fit(
+    error: ValidationError, param_hint: str = "'--budget' / '--kv-tokens'"
+) -> typer.BadParameter:
+    """A workload the config refuses (rollouts an engine cannot hold, too few steps), as the
     one-line error of the options that set it."""
     message = error.errors()[0]["msg"].removeprefix("Value error, ")
-    return typer.BadParameter(message, param_hint="'--budget' / '--kv-tokens'")
+    return typer.BadParameter(message, param_hint=param_hint)
+
+
+def _progress(description: str) -> Progress:
+    """A progress bar on stderr that leaves no trace once done (results go to stdout)."""
+    return Progress(
+        TextColumn(description),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=command_console(stderr=True),
+        transient=True,
+    )
 
 
 @app.command()
@@ -249,14 +263,7 @@ def bench(
     except ValidationError as error:
         raise _rollouts_do_not_fit(error) from None
     console = command_console()
-    with Progress(
-        TextColumn("{task.description:>13}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=command_console(stderr=True),
-        transient=True,
-    ) as progress:
+    with _progress("{task.description:>13}") as progress:
         tasks = {
             name: progress.add_task(name, total=config.workload.rollouts)
             for name, *_ in config.runs()
@@ -346,14 +353,7 @@ def sweep(
     for column in ("engines", "prompts", "rollouts", "seed", "static s", "kv-aware s", "speed-up"):
         table.add_column(column, justify="right")
     points: list[SweepPoint] = []
-    with Progress(
-        TextColumn("sweep"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=command_console(stderr=True),
-        transient=True,
-    ) as progress:
+    with _progress("sweep") as progress:
         task = progress.add_task("sweep", total=len(counts) * len(seeds) * len(engines or [2]))
         # The first point's workload; run_sweep checks every point before it runs one, and the
         # check does not depend on the number of engines.
@@ -471,18 +471,9 @@ def rl_bench(
             warmup_steps=warmup_steps,
         )
     except ValidationError as error:
-        message = error.errors()[0]["msg"].removeprefix("Value error, ")
-        raise typer.BadParameter(
-            message, param_hint="'--budget' / '--kv-tokens' / '--steps'"
-        ) from None
-    console = Console()
-    with Progress(
-        TextColumn("{task.description:>8}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
+        raise _rollouts_do_not_fit(error, "'--budget' / '--kv-tokens' / '--steps'") from None
+    console = command_console()
+    with _progress("{task.description:>8}") as progress:
         tasks = {eta: progress.add_task(f"eta {eta}", total=steps) for eta in arms}
         report = run_rl_benchmark(config, arms, on_step=lambda eta, _: progress.advance(tasks[eta]))
     _print_rl_report(report, console)

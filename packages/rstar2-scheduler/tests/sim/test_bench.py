@@ -226,3 +226,28 @@ def test_sweep_runs_the_workload_budget_and_engines_it_is_given(tmp_path: Path) 
     # Engines of 8 sequences take longer over the same work; a 1,024-token budget is less work.
     assert small_engines["static_s"] > default["static_s"]
     assert short_budget["bound_s"] < default["bound_s"]
+
+
+def test_rl_bench_reports_each_staleness_on_stdout_and_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "rl.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "rl-bench",
+            *("--engines", "2", "--prompts", "2", "--rollouts-per-prompt", "4", "--steps", "3"),
+            *("--staleness", "1", "--staleness", "0", "--json", str(out)),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert [run["max_staleness"] for run in report["runs"]] == [0, 1]
+    assert "0 (sync)" in result.stdout
+    assert f"report: {out}" in result.stdout
+    # Progress goes to stderr (and, transient, leaves nothing there once done): never stdout.
+    assert "3/3" not in result.stdout
+
+
+def test_rl_bench_names_the_options_of_a_refused_run() -> None:
+    result = CliRunner().invoke(app, ["rl-bench", "--steps", "2", "--warmup-steps", "2"])
+    assert result.exit_code == 2
+    assert "'--steps': warmup_steps (2) must be below steps (2)" in result.output
