@@ -26,10 +26,11 @@ def decode(request: pytest.FixtureRequest) -> str:
 
 
 def make_engine(model: PreTrainedModel, decode: str, **settings: Any) -> TransformersEngine:
-    """An engine in ``decode`` mode; slot decoding switches the model's attention, so it gets
-    a copy of the session's model."""
-    own = copy.deepcopy(model) if decode == "slots" else model
-    return TransformersEngine(own, TransformersEngineConfig(decode=decode, **settings))
+    """An engine in ``decode`` mode on a copy of the session's model (slot decoding switches
+    the model's attention, and tests hook the engine's model)."""
+    return TransformersEngine(
+        copy.deepcopy(model), TransformersEngineConfig(decode=decode, **settings)
+    )
 
 
 def record_forwards(
@@ -271,3 +272,29 @@ async def test_weights_change_between_requests_and_results_name_their_version(
     assert list(new.logprobs) == pytest.approx(
         new_score(prompt, list(new.token_ids), 1.0), abs=1e-4
     )
+
+
+async def test_padding_a_finished_row_leaves_behind_is_dropped(
+    model: Qwen2ForCausalLM, score: Score
+) -> None:
+    """When the longest row finishes, the left padding it forced on the others goes with it: a
+    batch that never empties (continuous batching) attends over its live rows' width only, and
+    the remaining rows keep exact log-probs."""
+    async with make_engine(model, "padded", kv_budget_tokens=4096, max_batch_size=8) as engine:
+        widths: list[int] = []
+
+        def record(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            widths.append(int(kwargs["attention_mask"].shape[1]))
+
+        engine.model.register_forward_pre_hook(record, with_kwargs=True)
+        long, short = [3 + j % 500 for j in range(60)], [7, 8, 9, 10]
+        results = await asyncio.gather(
+            engine.generate(ask(long, 2, "long", seed=1)),
+            engine.generate(ask(short, 30, "short", seed=2)),
+        )
+    assert widths[0] == 60  # prefill, both rows left-padded to the long one
+    # Once the long row has left, the short row's context alone sets the width.
+    assert widths[-1] == len(short) + 30 - 1
+    for prompt, result in zip([long, short], results, strict=True):
+        expected = score(prompt, list(result.token_ids), 1.0)
+        assert list(result.logprobs) == pytest.approx(expected, abs=1e-4)

@@ -3,7 +3,8 @@
 Rows are left-padded to the longest, so every row's context ends at the same column. Rows
 that join a decoding batch are prefilled alone and their keys and values appended (both sides
 left-padded to the longer); rows with the same context (an RL group's samples) are prefilled
-once; finished rows leave the cache at once. The cache grows by one column per decode step
+once; finished rows leave the cache at once, and so does the left padding that only they
+needed. The cache grows by one column per decode step
 (``torch.cat`` of every layer's tensors): simple and exact, and the CPU path of
 ``TransformersEngine``. ``SlotBatch`` (``slots.py``) is the accelerator path.
 """
@@ -76,6 +77,19 @@ class PaddedBatch:
         index = torch.tensor(list(rows), dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(index)
         self.attention = self.attention[index]
+        # Columns that are padding in every row left (a finished long row's width) are dropped:
+        # every decode step attends over and copies the whole width, so a batch that never
+        # empties (continuous batching) would otherwise keep paying for rows long gone.
+        live = self.attention.any(dim=0).nonzero()
+        first = int(live[0]) if len(live) else 0
+        if first:
+            self.attention = self.attention[:, first:]
+            for layer in self.cache.layers:
+                assert isinstance(layer, DynamicLayer)  # the only layer a padded batch keeps
+                assert layer.keys is not None
+                assert layer.values is not None
+                layer.keys = layer.keys[:, :, first:]
+                layer.values = layer.values[:, :, first:]
 
     def start(self, contexts: Sequence[Sequence[int]], reserved: Sequence[int]) -> torch.Tensor:
         del reserved  # the cache grows as needed
