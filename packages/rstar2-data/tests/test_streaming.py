@@ -136,7 +136,14 @@ def test_sigint_mid_filter_then_rerun_writes_identical_bytes(tmp_path: Path) -> 
     # however slowly this process is scheduled.
     read_end, write_end = os.pipe()
     fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
-    process = subprocess.Popen([*command, *out], stderr=write_end, env=env)
+    # Ctrl-C as in a terminal, even when this suite itself runs with SIGINT ignored (started in
+    # the background by a non-interactive shell), which the build would inherit.
+    process = subprocess.Popen(
+        [*command, *out],
+        stderr=write_end,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     os.close(write_end)
     with open(read_end, encoding="utf-8") as stderr:
         for line in stderr:  # the first checkpoint of the filter stage, then Ctrl-C
