@@ -36,28 +36,28 @@ class PeriodicReporter:
         self.every = every
         self._clock = clock
         self._description = ""
-        self._total = self._first = 0
+        self._total = self._first = self._interval = 0
         self._started = 0.0
 
     def start(self, description: str, total_steps: int, done: int) -> None:
         self._description, self._total, self._first = description, total_steps, done
         self._started = self._clock()
-        if self.every is None:
-            self.every = max(1, math.ceil((total_steps - done) / LINES_PER_RUN))
+        # Per run: a reporter that starts another stage sizes the default to that one.
+        self._interval = self.every or max(1, math.ceil((total_steps - done) / LINES_PER_RUN))
         logger.info(
             "%s: steps %d..%d, a progress line every %d steps",
             description,
             done + 1,
             total_steps,
-            self.every,
+            self._interval,
         )
 
     def phase(self, text: str) -> None:
         logger.debug("%s", text)
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
-        assert self.every is not None, "start() first"
-        if step % self.every and step != self._total:
+        assert self._interval, "start() first"
+        if step % self._interval and step != self._total:
             return
         elapsed = self._clock() - self._started
         done_here = step - self._first
