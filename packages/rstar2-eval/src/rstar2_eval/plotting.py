@@ -23,22 +23,14 @@ def score_series(report: ScoreReport) -> list[tuple[str, list[float | None]]]:
     several = [max(s.pass_at_k, default=1) > 1 for s in scores]
     if not any(several):
         return [("accuracy (pass@1, k=1)", [s.avg for s in scores])]
+
+    def where_several(values: list[float | None]) -> list[float | None]:
+        return [value if k else None for value, k in zip(values, several, strict=True)]
+
     return [
         ("avg@k (avg pass@1)", [s.avg for s in scores]),
-        (
-            "maj@k",
-            [
-                _at_largest_k(s.maj_at_k) if k else None
-                for s, k in zip(scores, several, strict=True)
-            ],
-        ),
-        (
-            "pass@k",
-            [
-                _at_largest_k(s.pass_at_k) if k else None
-                for s, k in zip(scores, several, strict=True)
-            ],
-        ),
+        ("maj@k", where_several([_at_largest_k(s.maj_at_k) for s in scores])),
+        ("pass@k", where_several([_at_largest_k(s.pass_at_k) for s in scores])),
     ]
 
 
