@@ -88,6 +88,22 @@ async def test_output_and_tracebacks_match_cpython(sandbox: LocalSandbox, code: 
     assert result.exit_code == expected.returncode
 
 
+async def test_output_that_is_not_utf8_reads_with_replacement_characters(
+    sandbox: LocalSandbox,
+) -> None:
+    """Bytes that are not UTF-8 come back as U+FFFD, each stream decoded on its own: a sequence
+    cut at the end of stdout does not join the start of stderr."""
+    code = (
+        "import sys\n"
+        "sys.stdout.buffer.write(b'ok \\xff\\xfe end \\xe2\\x82')\n"
+        "sys.stderr.buffer.write(b'\\xe2\\x82\\xac euro \\xc3')\n"
+    )
+    result = await sandbox.run(RunRequest(code=code))
+    assert result.status is RunStatus.SUCCESS
+    assert result.stdout == "ok \ufffd\ufffd end \ufffd"
+    assert result.stderr == "\u20ac euro \ufffd"
+
+
 async def test_file_is_defined_as_the_name_tracebacks_show(sandbox: LocalSandbox) -> None:
     code = "import os\nprint(__file__, os.path.basename(__file__))\n1 / 0"
     result = await sandbox.run(RunRequest(code=code))

@@ -1,7 +1,7 @@
 """The fork-server: a long-lived, pre-warmed process that forks one confined child per run.
 
 Started by ``ExecutorPool`` as ``python -m rstar2_sandbox.executor.forkserver``. It talks over its
-stdin/stdout (length-prefixed JSON frames, see ``wire``), imports the preload modules once, and for
+stdin/stdout (frames, see ``wire``), imports the preload modules once, and for
 each call forks a child (``child.child_main``), feeds its stdin, drains stdout/stderr as they come
 with byte caps, enforces the wall-clock limit, and after the child exits kills everything the run
 left behind before it reports the slot free. Standard library only: what this process maps, every
@@ -21,7 +21,6 @@ import re
 import resource
 import shutil
 import signal
-import struct
 import sys
 import tempfile
 import time
@@ -45,10 +44,10 @@ from rstar2_sandbox.executor.syscalls import (
     set_parent_death_signal,
 )
 from rstar2_sandbox.executor.warmup import warm_up
+from rstar2_sandbox.executor.wire import REQUEST, message_header
 
 log = logging.getLogger("rstar2_sandbox.forkserver")
 
-HEADER = struct.Struct(">I")
 READ_CHUNK = 1 << 16
 # After the run's process exits and its leftovers are killed, its pipes reach EOF at once; this
 # bounds the wait should a writer somehow survive.
@@ -62,13 +61,18 @@ _FILE_TOO_LARGE = re.compile(r"\[Errno 27\]|File too large")
 _NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device")
 
 
-def _last_line(data: bytes) -> str:
+def _last_line(data: bytes | bytearray) -> str:
     lines = data.rstrip().rsplit(b"\n", 1)
     return lines[-1].decode("utf-8", "replace") if lines else ""
 
 
 def classify(
-    wait_status: int, *, timed_out: bool, output_exceeded: bool, stderr: bytes, run_tmp: bool
+    wait_status: int,
+    *,
+    timed_out: bool,
+    output_exceeded: bool,
+    stderr: bytes | bytearray,
+    run_tmp: bool,
 ) -> tuple[str, int | None, int | None, str | None]:
     """(status, exit code, signal, write limit) of a finished run.
 
@@ -291,12 +295,11 @@ class Run:
                 log.exception("could not give slot %d a fresh /tmp", self.slot)
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
-        stdout = bytes(self.stdout.data)
-        stderr = bytes(self.stderr.data)
+        stderr = self.stderr.data
         notes: list[str] = []
         if setup_error:
             status, exit_code, sig = "internal_error", None, None
-            stderr = b"sandbox setup failed: " + setup_error
+            stderr = bytearray(b"sandbox setup failed: " + setup_error)
             log.error("run setup failed: %s", setup_error.decode("utf-8", "replace"))
         else:
             status, exit_code, sig, limit = classify(
@@ -307,23 +310,23 @@ class Run:
                 run_tmp=self.server.run_tmp_mb is not None,
             )
             notes = self.limit_notes(limit)
-        text = stderr.decode("utf-8", "replace")
         if notes:
             # Said after what the run printed (past the cap: the note is the sandbox's, not the
             # run's output), so every API shows why the run stopped and how much it wrote.
-            text += ("" if not text or text.endswith("\n") else "\n") + "\n".join(notes) + "\n"
+            if stderr and not stderr.endswith(b"\n"):
+                stderr += b"\n"
+            stderr += ("\n".join(notes) + "\n").encode()
         result = {
             "status": status,
             "exit_code": exit_code,
             "signal": sig,
-            "stdout": stdout.decode("utf-8", "replace"),
-            "stderr": text,
+            "stdout_bytes": len(self.stdout.data),
             "stdout_truncated": self.stdout.truncated,
             "stderr_truncated": self.stderr.truncated,
             "wall_time_s": self.wall_time_s,
             "cpu_time_s": rusage.ru_utime + rusage.ru_stime,
         }
-        self.server.send({"id": self.call_id, "result": result})
+        self.server.send({"id": self.call_id, "result": result}, self.stdout.data, stderr)
 
     def limit_notes(self, limit: str | None) -> list[str]:
         """Lines saying which write limit stopped the run (none when none did)."""
@@ -387,12 +390,12 @@ class ForkServer:
             self.shutdown()
             return
         self.inbox += chunk
-        while len(self.inbox) >= HEADER.size:
-            (length,) = HEADER.unpack_from(self.inbox)
-            if len(self.inbox) < HEADER.size + length:
+        while len(self.inbox) >= REQUEST.size:
+            (length,) = REQUEST.unpack_from(self.inbox)
+            if len(self.inbox) < REQUEST.size + length:
                 break
-            message = json.loads(self.inbox[HEADER.size : HEADER.size + length])
-            del self.inbox[: HEADER.size + length]
+            message = json.loads(self.inbox[REQUEST.size : REQUEST.size + length])
+            del self.inbox[: REQUEST.size + length]
             self.start(message)
 
     def start(self, message: dict[str, Any]) -> None:
@@ -401,11 +404,14 @@ class ForkServer:
             Run(self, call_id, int(message["slot"]), message["request"])
         except Exception as exc:
             log.exception("could not start call %s", call_id)
-            self.send({"id": call_id, "result": {"status": "internal_error", "stderr": str(exc)}})
+            result = {"status": "internal_error", "stdout_bytes": 0}
+            self.send({"id": call_id, "result": result}, str(exc).encode())
 
-    def send(self, message: dict[str, Any]) -> None:
-        body = json.dumps(message).encode()
-        self.outbox += HEADER.pack(len(body)) + body
+    def send(self, message: dict[str, Any], *raw: bytes | bytearray) -> None:
+        """Queue a message with raw bytes after it (a result's output streams), and write."""
+        self.outbox += message_header(message, sum(len(part) for part in raw))
+        for part in raw:
+            self.outbox += part
         self.flush()
 
     def flush(self) -> None:
@@ -540,7 +546,7 @@ def _read_frame(fd: int) -> bytes:
             data += chunk
         return data
 
-    (length,) = HEADER.unpack(read_exactly(HEADER.size))
+    (length,) = REQUEST.unpack(read_exactly(REQUEST.size))
     return read_exactly(length)
 
 

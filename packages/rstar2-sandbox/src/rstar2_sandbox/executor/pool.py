@@ -8,24 +8,23 @@ import itertools
 import json
 import logging
 import os
-import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rstar2_sandbox.executor.child import THREAD_VARS
 from rstar2_sandbox.executor.routing import needs_preloads
 from rstar2_sandbox.executor.settings import ExecutorSettings, ForkServerConfig
+from rstar2_sandbox.executor.wire import MESSAGE, request_frame, result_streams
 from rstar2_sandbox.isolation import IsolationReport
 from rstar2_sandbox.models import RunRequest, RunResult, RunStatus
 
 log = logging.getLogger(__name__)
 
-HEADER = struct.Struct(">I")
 # A fork-server enforces every run's wall-clock limit itself; this only catches a stuck server.
 WATCHDOG_GRACE_S = 30.0
 START_TIMEOUT_S = 120.0
@@ -44,11 +43,6 @@ class ForkServerInfo(BaseModel):
 
 def _internal_error(message: str) -> RunResult:
     return RunResult(status=RunStatus.INTERNAL_ERROR, stderr=message)
-
-
-def _frame(message: dict[str, Any]) -> bytes:
-    data = json.dumps(message).encode()
-    return HEADER.pack(len(data)) + data
 
 
 def _server_environment() -> dict[str, str]:
@@ -98,36 +92,49 @@ class ForkServerProcess:
         )
         assert self.process.stdin is not None
         assert self.process.stdout is not None
-        self.process.stdin.write(_frame(self.config.model_dump(mode="json")))
-        body = await asyncio.wait_for(self._read_frame(), START_TIMEOUT_S)
-        if body is None:
+        self.process.stdin.write(request_frame(self.config.model_dump(mode="json")))
+        frame = await asyncio.wait_for(self._read_frame(), START_TIMEOUT_S)
+        if frame is None:
             code = await self.process.wait()
             raise RuntimeError(f"fork-server {self.index} exited with {code} during start")
-        self.info = ForkServerInfo.model_validate_json(body)
+        self.info = ForkServerInfo.model_validate_json(frame[0])
         for name, error in self.info.failed_preloads.items():
             log.warning("fork-server %d could not preload %s: %s", self.index, name, error)
         self._reader = asyncio.create_task(self._read_results())
         self.ready.set()
         return self.info
 
-    async def _read_frame(self) -> bytes | None:
+    async def _read_frame(self) -> tuple[bytes, bytearray] | None:
+        """The next message from the fork-server: its JSON and its raw bytes (see ``wire``)."""
         assert self.process is not None
-        assert self.process.stdout is not None
+        stdout = self.process.stdout
+        assert stdout is not None
         try:
-            header = await self.process.stdout.readexactly(HEADER.size)
-            (length,) = HEADER.unpack(header)
-            return await self.process.stdout.readexactly(length)
+            json_bytes, raw_bytes = MESSAGE.unpack(await stdout.readexactly(MESSAGE.size))
+            data = await stdout.readexactly(json_bytes)
+            # Filled in place: ``readexactly`` would copy the buffered bytes once or twice more.
+            raw = bytearray(raw_bytes)
+            filled = 0
+            while filled < raw_bytes:
+                chunk = await stdout.read(raw_bytes - filled)
+                if not chunk:
+                    return None
+                raw[filled : filled + len(chunk)] = chunk
+                filled += len(chunk)
         except (asyncio.IncompleteReadError, ConnectionError):
             return None
+        return data, raw
 
     async def _read_results(self) -> None:
-        while (body := await self._read_frame()) is not None:
-            message = json.loads(body)
+        while (frame := await self._read_frame()) is not None:
+            message = json.loads(frame[0])
+            result = result_streams(message["result"], frame[1])
+            # Not kept while waiting for the next frame: a result can hold megabytes of output.
+            del frame
             future = self.pending.pop(int(message["id"]), None)
             if future is not None and not future.done():
-                future.set_result(RunResult.model_validate(message["result"]))
-            # Not kept while waiting for the next frame: a result can hold megabytes of output.
-            del body, message
+                future.set_result(RunResult.model_validate(result))
+            del message, result
         self.ready.clear()
         for future in self.pending.values():
             if not future.done():
@@ -152,7 +159,7 @@ class ForkServerProcess:
         self.pending[call_id] = future
         message = {"id": call_id, "slot": slot, "request": request.model_dump()}
         try:
-            process.stdin.write(_frame(message))
+            process.stdin.write(request_frame(message))
         except Exception as exc:
             del self.pending[call_id]
             future.set_result(_internal_error(f"could not send the call: {exc}"))
