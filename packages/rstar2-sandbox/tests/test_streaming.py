@@ -23,8 +23,9 @@ from rstar2_sandbox import (
     ServerSettings,
     create_app,
 )
+from rstar2_sandbox.api import streaming
 from rstar2_sandbox.api.codejudge import BatchResult
-from rstar2_sandbox.api.streaming import ResponseBudget, ResultSpool
+from rstar2_sandbox.api.streaming import ResponseBudget, ResultSpool, stream_batch
 from rstar2_sandbox.dispatch import QueueFullError
 
 from .conftest import free_port, start_serve  # type: ignore[import-not-found]
@@ -288,6 +289,60 @@ def served_small_budget() -> Iterator[tuple[str, int]]:
     yield url, server.pid
     server.send_signal(signal.SIGINT)
     server.wait(30)
+
+
+class StalledResponse:
+    """A response whose client reads nothing until ``reading`` is set."""
+
+    def __init__(self) -> None:
+        self.reading = asyncio.Event()
+        self.written = 0
+
+    async def write(self, data: bytes | memoryview) -> None:
+        await self.reading.wait()
+        self.written += len(data)
+
+    async def write_eof(self) -> None:
+        pass
+
+
+@in_session_loop
+async def test_a_result_being_written_still_takes_room_in_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While item 0 is written to a client that does not read, its bytes count in the window:
+    item 1, whose largest result would not fit beside it, does not start."""
+    response = StalledResponse()
+
+    async def start(request: object) -> StalledResponse:
+        return response
+
+    monkeypatch.setattr(streaming, "_start", start)
+    started: list[int] = []
+
+    async def produce(index: int) -> bytes:
+        started.append(index)
+        return b"x" * 600_000
+
+    batch = asyncio.ensure_future(
+        stream_batch(
+            None,  # type: ignore[arg-type]  # used only by the replaced _start
+            count=4,
+            produce=produce,
+            head=b"[",
+            tail=b"]",
+            budget=ResponseBudget(16 << 20),
+            window_bytes=1 << 20,
+            ahead=8,
+            reserve=lambda index: 600_000,
+        )
+    )
+    await asyncio.sleep(0.2)
+    assert started == [0]
+    response.reading.set()
+    await batch
+    assert started == [0, 1, 2, 3]
+    assert response.written == 4 * 600_000 + 3 + 2  # the items, their commas, "[" and "]"
 
 
 @pytest.mark.slow

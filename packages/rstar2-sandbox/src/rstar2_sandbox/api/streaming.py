@@ -5,7 +5,7 @@ goes out when it and items ``0..i-1`` are done. Results that finish before their
 ``ResultSpool``: serialised, in memory while all streamed responses together hold less than the
 ``ResponseBudget``, in an unlinked temporary file beyond it. Calls are admitted in order, a
 bounded number ahead of the one being written (``ahead``), and only while the batch's window
-(``window_bytes``) has room for the results waiting to be written plus, for each running call,
+(``window_bytes``) has room for the results waiting or being written plus, for each running call,
 the largest result it can produce (``result_bytes``: both of its output caps): a client that does
 not read stops its batch from running further, and a batch whose calls may print a lot runs fewer
 of them at once. So what a batch's results take in the front end, waiting or arriving, stays
@@ -183,8 +183,9 @@ async def stream_batch(
     then ``tail``.
 
     Items start in order, at most ``ahead`` of them running at once, each only while this
-    batch's results waiting to be written and the ``reserve(i)`` bytes of every running item
-    (the largest result it can produce) fit in ``window_bytes``; one item always may run.
+    batch's results not yet written (waiting, or taken and being written) and the ``reserve(i)``
+    bytes of every running item (the largest result it can produce) fit in ``window_bytes``; one
+    item always may run.
     ``produce`` returns item ``i`` serialised as JSON. An exception from one (e.g. the queue
     refused the call) before anything was sent is raised here, after the other items are
     cancelled; after that, the connection is cut instead.
@@ -193,12 +194,17 @@ async def stream_batch(
     tasks: dict[int, asyncio.Task[None]] = {}
     reserved: dict[int, int] = {}
     admitted = 0
+    # Items ready one after another go out in one write (one chunk, one system call); until
+    # written, the results among them still take room in the window.
+    pending = [head]
+    pending_bytes = len(head)
+    unsent = 0
 
     def admit() -> None:
         nonlocal admitted
         while admitted < count and len(tasks) < ahead and not spool.closed:
             need = reserve(admitted)
-            in_use = spool.held_bytes + sum(reserved.values())
+            in_use = spool.held_bytes + unsent + sum(reserved.values())
             if in_use and in_use + need > window_bytes:
                 return
             reserved[admitted] = need
@@ -219,16 +225,14 @@ async def stream_batch(
 
     admit()
     response: web.StreamResponse | None = None
-    # Items ready one after another go out in one write (one chunk, one system call).
-    pending = [head]
-    pending_bytes = len(head)
     try:
         for index in range(count):
             if response is not None and not spool.ready(index):
                 await _send(response, pending)
-                pending, pending_bytes = [], 0
+                pending, pending_bytes, unsent = [], 0, 0
+                admit()
             data = await spool.take(index)
-            admit()
+            unsent += len(data)
             if response is None:
                 failure = spool.first_failure()
                 if failure is not None:
@@ -238,9 +242,11 @@ async def stream_batch(
                 pending.append(b",")
             pending.append(data)
             pending_bytes += len(data)
+            del data
             if pending_bytes >= WRITE_BYTES:
                 await _send(response, pending)
-                pending, pending_bytes = [], 0
+                pending, pending_bytes, unsent = [], 0, 0
+            admit()
         if response is None:
             response = await _start(request)
         pending.append(tail)
