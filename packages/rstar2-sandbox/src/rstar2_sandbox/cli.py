@@ -12,6 +12,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from rstar2_sandbox.executor.settings import ExecutorSettings, default_preload, default_servers
+from rstar2_sandbox.malloc import fix_mmap_threshold
 
 app = typer.Typer(
     help="Isolated, high-throughput execution of untrusted Python.",
@@ -89,8 +90,10 @@ def _executor_settings(
     )
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s: %(message)s")
+def _prepare_service_process(log_level: str) -> None:
+    """Logging, and big buffers returned to the system when freed (see ``malloc``)."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
+    fix_mmap_threshold()
 
 
 def _fail(message: str) -> NoReturn:
@@ -219,7 +222,7 @@ def serve(
     if redis is not None:
         _check_redis(redis)
     sock = _listen(host, port)
-    _configure_logging(log_level)
+    _prepare_service_process(log_level)
     executor = _executor_settings(servers, slots, preload, isolate, tmp_size_mb, shm_size_mb)
     settings = ServerSettings(
         host=host,
@@ -294,7 +297,7 @@ def worker(
     from rstar2_sandbox.cluster import ClusterSettings
     from rstar2_sandbox.cluster.node import run_worker_node
 
-    _configure_logging(log_level)
+    _prepare_service_process(log_level)
     executor = _executor_settings(servers, slots, preload, isolate, tmp_size_mb, shm_size_mb)
     cluster = ClusterSettings(
         key_prefix=redis_prefix, lease_s=lease_s, max_deliveries=max_deliveries
