@@ -9,10 +9,12 @@
 4. On a fresh service: one 4,096-item Code Judge batch, every 16th item printing 1 MiB; prints the
    front end's peak RSS.
 5. ``bodies``: on a fresh service, the latency of one-at-a-time calls while four clients each send
-   a 250 MB body (declared, then chunked), against the same calls on the idle service; prints the
-   front end's peak RSS growth. ``window``: a native batch of 8 runs printing 24 MiB each, and a
-   300-item batch of 1 MiB results whose client stops reading: the front end's peak RSS growth
-   and how many calls ran while the client did not read.
+   a 250 MB body (declared, then chunked, then slowed as over a shared 1 Gb/s link), against the
+   same calls on the idle service; prints the front end's peak RSS growth. The control: the same
+   calls while four local processes only spin (no bodies), what four busy processes cost other
+   callers on this many cores by themselves. ``window``: a native batch of 8 runs printing 24 MiB
+   each, and a 300-item batch of 1 MiB results whose client stops reading: the front end's peak
+   RSS growth and how many calls ran while the client did not read.
 6. ``step``: a paper-scale RL step (``--step-calls``, default 45,000) through the cluster mode on
    this machine (Redis, ``--step-workers`` workers, one front end): rStar2-Agent's template,
    mixed trivial / numpy / sympy / failing code (``rstar2_sandbox.step``); every call must be
@@ -145,9 +147,9 @@ def main(
             "http (native API), codejudge (plain vs rStar2-Agent-templated stdlib code), mixed "
             "(one 4,096-item Code Judge batch with 1 MiB outputs: the front end's peak RSS), "
             "bodies (four clients sending 250 MB bodies: other callers' latency, the front "
-            "end's memory), window (big batch results, a client that stops reading), step (a "
-            "paper-scale RL step through a local cluster, then with a worker killed halfway; "
-            "needs redis-server)."
+            "end's memory; four spinning processes as the control), window (big batch results, "
+            "a client that stops reading), step (a paper-scale RL step through a local cluster, "
+            "then with a worker killed halfway; needs redis-server)."
         ),
     ] = ",".join(SECTIONS),
     codejudge_rounds: Annotated[

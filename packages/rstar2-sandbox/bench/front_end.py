@@ -17,11 +17,14 @@ SENDERS = 4
 
 # A client that sends its whole body before it reads the answer, as most HTTP clients do, again
 # and again until stopped, at up to ``rate`` bytes/s (0: as fast as it can): argv = host, port,
-# path, size, "declared" or "chunked", rate.
+# path, size, "declared" or "chunked", rate. Mode "spin" sends nothing and only burns CPU: the
+# control for what four busy local processes cost other callers on their own.
 _SENDER = r"""
 import socket, sys, time
 host, port, path, size, mode, rate = sys.argv[1:]
 port, size, rate = int(port), int(size), float(rate)
+while mode == "spin":
+    pass
 chunk = b"x" * (1 << 20)
 began, total = time.monotonic(), 0
 while True:
@@ -69,6 +72,7 @@ BODY_MODES = {
     "declared, local senders at full speed": ("declared", 0.0),
     "chunked, local senders at full speed": ("chunked", 0.0),
     "declared, senders sharing 1 Gb/s": ("declared", LINK_BYTES_PER_S),
+    "control: four local processes spinning, no bodies": ("spin", 0.0),
 }
 
 
