@@ -12,7 +12,7 @@ import pytest
 # of a 20 MiB buffer, allocated between small objects and freed, the process still holds (KiB).
 _HELD_AFTER_FREE = """
 import sys
-from rstar2_sandbox.malloc import fix_mmap_threshold
+from rstar2_sandbox import fix_mmap_threshold
 
 def rss_kib():
     with open("/proc/self/status") as status:

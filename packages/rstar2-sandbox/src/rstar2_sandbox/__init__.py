@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from rstar2_sandbox.isolation import IsolationFeature as IsolationFeature
     from rstar2_sandbox.isolation import IsolationReport as IsolationReport
     from rstar2_sandbox.local import LocalSandbox as LocalSandbox
+    from rstar2_sandbox.malloc import fix_mmap_threshold as fix_mmap_threshold
     from rstar2_sandbox.models import BatchRequest as BatchRequest
     from rstar2_sandbox.models import BatchResponse as BatchResponse
     from rstar2_sandbox.models import RunRequest as RunRequest
@@ -62,6 +63,7 @@ _EXPORTS = {
     "IsolationFeature": "rstar2_sandbox.isolation",
     "IsolationReport": "rstar2_sandbox.isolation",
     "LocalSandbox": "rstar2_sandbox.local",
+    "fix_mmap_threshold": "rstar2_sandbox.malloc",
     "RunRequest": "rstar2_sandbox.models",
     "RunResult": "rstar2_sandbox.models",
     "RunStatus": "rstar2_sandbox.models",

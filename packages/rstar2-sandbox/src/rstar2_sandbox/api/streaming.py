@@ -242,7 +242,7 @@ async def stream_batch(
                 pending.append(b",")
             pending.append(data)
             pending_bytes += len(data)
-            del data
+            del data  # written below: not kept while waiting for the next item
             if pending_bytes >= WRITE_BYTES:
                 await _send(response, pending)
                 pending, pending_bytes, unsent = [], 0, 0
