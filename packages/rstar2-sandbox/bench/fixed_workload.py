@@ -48,9 +48,12 @@ async def _timed(slots: int, scale: float) -> dict[str, float]:
 
 
 def main(
-    slots: Annotated[int, typer.Option(help="Slots of the sandbox (concurrent runs).")] = 8,
+    slots: Annotated[int, typer.Option(min=1, help="Slots of the sandbox (concurrent runs).")] = 8,
     scale: Annotated[
-        float, typer.Option(help="Multiplies every section's call count (0.1 for a smoke run).")
+        float,
+        typer.Option(
+            min=0.001, help="Multiplies every section's call count (0.1 for a smoke run)."
+        ),
     ] = 1.0,
 ) -> None:
     """Time the fixed workload once and print one JSON line."""

@@ -78,8 +78,8 @@ BODY_MODES = {
 
 async def measure_bodies(url: str, pid: int, calls: int, mode: str) -> dict[str, object]:
     """Other callers' latency, idle and then while ``SENDERS`` clients on this machine keep
-    sending ``BODY_BYTES`` bodies to /v1/run as ``BODY_MODES[mode]`` says, and the front end's
-    peak RSS growth meanwhile."""
+    sending ``BODY_BYTES`` bodies to /v1/run as ``BODY_MODES[mode]`` says (or, for the control,
+    only spin), and the front end's peak RSS growth meanwhile."""
     framing, rate = BODY_MODES[mode]
     await one_at_a_time(url, 20)  # warm-up
     idle = _percentiles(await one_at_a_time(url, calls))
