@@ -37,6 +37,21 @@ def resolve_path(value: Path | None, info: ValidationInfo) -> Path | None:
     return path
 
 
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+"""The local files rows are read from: JSON Lines (``.json`` too: one object per line) or
+Parquet."""
+DATA_SUFFIXES_TEXT = ".jsonl, .json or .parquet"
+
+
+def resolve_data_path(value: Path | None, info: ValidationInfo) -> Path | None:
+    """``resolve_path`` for a file of rows, whose suffix must be one of ``DATA_SUFFIXES``: it
+    says how the file is read, so any other (``.csv``) is refused before a build starts."""
+    if value is not None and value.suffix.lower() not in DATA_SUFFIXES:
+        hint = " (convert it to JSON Lines or Parquet)" if value.suffix.lower() == ".csv" else ""
+        raise ValueError(f"expected a {DATA_SUFFIXES_TEXT} file, got {value.name}{hint}")
+    return resolve_path(value, info)
+
+
 def lookup(row: Mapping[str, Any], path: str) -> Any:
     """The value at a dotted ``path`` ("reward_model.ground_truth"), or None when absent."""
     value: Any = row
@@ -121,7 +136,7 @@ class BenchmarkSpec(_Strict):
     choices: ChoiceFields | None = None
     expected_rows: int | None = Field(default=None, ge=1, description="Size of the full set.")
 
-    _resolve_path = field_validator("path")(resolve_path)
+    _resolve_path = field_validator("path")(resolve_data_path)
 
     @model_validator(mode="before")
     @classmethod

@@ -20,13 +20,21 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rstar2_data.benchmarks import BenchmarkSpec
-from rstar2_data.cache import file_digest, prune, stage_key
+from rstar2_data.cache import (
+    CACHE_DIR,
+    SHUFFLE_PREFIX,
+    file_digest,
+    prune,
+    remove_leftovers,
+    stage_key,
+)
 from rstar2_data.converters.base import RowKind
 from rstar2_data.errors import describe_validation_error
 from rstar2_data.filter_stage import CHECKPOINT_ROWS, run_filters
@@ -42,8 +50,9 @@ from rstar2_data.filters import (
     Row,
     load_tallies,
 )
-from rstar2_data.jsonl import atomic_write_text
+from rstar2_data.jsonl import MAX_LINE_BYTES, atomic_write_text
 from rstar2_data.loading import is_jsonl, iter_hub, iter_local_numbered
+from rstar2_data.lock import folder_lock
 from rstar2_data.output import BUCKET_BYTES, write_rows
 from rstar2_data.pool import Pool, sample, targets
 from rstar2_data.progress import Stages
@@ -174,20 +183,59 @@ def build(
     num_proc: int = 1,
     checkpoint_rows: int = CHECKPOINT_ROWS,
     bucket_bytes: int = BUCKET_BYTES,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    wait: bool = False,
 ) -> Manifest:
     """Build ``recipe`` into ``out_dir`` (``data.<format>`` and ``manifest.json``).
 
     ``num_proc`` processes run the filters' per-row work (``datasets``' multiprocess map);
     the filter stage checkpoints every ``checkpoint_rows`` rows; the shuffle holds about
-    ``bucket_bytes`` of rows in memory at a time. None of them changes the output.
+    ``bucket_bytes`` of rows in memory at a time. None of them changes the output. A JSONL
+    source line longer than ``max_line_bytes`` stops the build before it is parsed.
+
+    One build at a time writes into ``out_dir``: while another holds it, this one raises
+    ``FolderLockedError`` naming that process, or with ``wait`` starts when it ends. A build
+    that fails leaves no folder it created empty behind.
     """
-    if num_proc < 1 or checkpoint_rows < 1 or bucket_bytes < 1:
-        raise ValueError("num_proc, checkpoint_rows and bucket_bytes must be >= 1")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cache_dir = out_dir / ".cache"
+    if num_proc < 1 or checkpoint_rows < 1 or bucket_bytes < 1 or max_line_bytes < 1:
+        raise ValueError("num_proc, checkpoint_rows, bucket_bytes and max_line_bytes must be >= 1")
+    created = not out_dir.exists()
+    try:
+        with folder_lock(out_dir, wait=wait):
+            remove_leftovers(out_dir)
+            return _build(
+                recipe,
+                out_dir,
+                progress=progress,
+                num_proc=num_proc,
+                checkpoint_rows=checkpoint_rows,
+                bucket_bytes=bucket_bytes,
+                max_line_bytes=max_line_bytes,
+            )
+    except BaseException:
+        for folder in (out_dir / CACHE_DIR, *([out_dir] if created else [])):
+            with suppress(OSError):  # not there, or not empty: finished work stays
+                folder.rmdir()
+        raise
+
+
+def _build(
+    recipe: Recipe,
+    out_dir: Path,
+    *,
+    progress: bool,
+    num_proc: int,
+    checkpoint_rows: int,
+    bucket_bytes: int,
+    max_line_bytes: int,
+) -> Manifest:
+    cache_dir = out_dir / CACHE_DIR
     wanted = targets(recipe)
     with Stages(enabled=progress) as stages:
-        sources = [load_source(spec, recipe, cache_dir, stages) for spec in recipe.sources]
+        sources = [
+            load_source(spec, recipe, cache_dir, stages, max_line_bytes=max_line_bytes)
+            for spec in recipe.sources
+        ]
         parts = [sample(source, wanted[source.name], recipe.seed) for source in sources]
         prepared = [prepare_filter(spec) for spec in recipe.filters]
         filter_key = stage_key(
@@ -222,7 +270,7 @@ def build(
                 kind=recipe.kind,
                 fmt=recipe.output.format,
                 shuffle_seed=f"{recipe.seed}:shuffle" if recipe.output.shuffle else None,
-                work_dir=cache_dir / f"shuffle-{filter_key}",
+                work_dir=cache_dir / f"{SHUFFLE_PREFIX}{filter_key}",
                 stages=stages,
                 bucket_bytes=bucket_bytes,
             )

@@ -17,7 +17,8 @@ from rstar2_data.build import BuildError, build, load_built, read_manifest
 from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.filter_stage import CHECKPOINT_ROWS
 from rstar2_data.hub import HubUnreachableError
-from rstar2_data.jsonl import DataFileError
+from rstar2_data.jsonl import MAX_LINE_BYTES, DataFileError
+from rstar2_data.lock import FolderLockedError
 from rstar2_data.paths import checked_output_dir
 from rstar2_data.recipe import RecipeError, load_recipe, shipped_recipes
 from rstar2_data.schemas import MathProblem
@@ -30,7 +31,14 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 # What a command reports in one line (exit code 2) instead of a traceback.
-InputErrors = (RecipeError, BuildError, DataFileError, HubUnreachableError, OSError)
+InputErrors = (
+    RecipeError,
+    BuildError,
+    DataFileError,
+    FolderLockedError,
+    HubUnreachableError,
+    OSError,
+)
 
 
 def _fail(error: Exception | str) -> typer.Exit:
@@ -80,6 +88,21 @@ def build_command(
             "from the last one.",
         ),
     ] = CHECKPOINT_ROWS,
+    max_line_mib: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Longest line a JSONL source may hold, in MiB: a longer one stops the build "
+            "before it is parsed (parsing takes many times a line's size in memory).",
+        ),
+    ] = MAX_LINE_BYTES >> 20,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            help="When another build is writing into OUT, wait for it to finish instead of "
+            "exiting with its pid."
+        ),
+    ] = False,
     progress: Annotated[
         bool, typer.Option(help="Show one progress line per stage (on stderr).")
     ] = True,
@@ -89,9 +112,10 @@ def build_command(
 ) -> None:
     """Build RECIPE into OUT: same recipe, inputs and seed give the same bytes.
 
-    Finished stages are kept in OUT/.cache under keys of their inputs' content, so running the
-    same command again after an interruption (Ctrl-C) resumes where it stopped, and a changed
-    source or recipe rebuilds what depends on it."""
+    Finished stages are kept in OUT/.cache under keys of their inputs' content and of
+    rstar2-data's code, so running the same command again after an interruption (Ctrl-C)
+    resumes where it stopped, and a changed source, recipe or code rebuilds what depends on it.
+    One build at a time writes into OUT."""
     console, errors = command_console(), command_console(stderr=True)
     configure_logging(logging.INFO if verbose else logging.WARNING, errors)
     try:
@@ -99,7 +123,13 @@ def build_command(
         if seed is not None:
             loaded = loaded.model_copy(update={"seed": seed})
         manifest = build(
-            loaded, out, progress=progress, num_proc=num_proc, checkpoint_rows=checkpoint_rows
+            loaded,
+            out,
+            progress=progress,
+            num_proc=num_proc,
+            checkpoint_rows=checkpoint_rows,
+            max_line_bytes=max_line_mib << 20,
+            wait=wait,
         )
     except InputErrors as error:
         raise _fail(error) from None

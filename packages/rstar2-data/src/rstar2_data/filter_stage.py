@@ -2,10 +2,12 @@
 
 Kept rows are appended, as their JSON lines, to ``filter-<key>.jsonl``; every
 ``checkpoint_rows`` rows the stage flushes that file and the chain's key log
-(``filter-<key>.keys``) and records their lengths with the chain's counters in
+(``filter-<key>.keys``) and records their lengths and SHA-256 with the chain's counters in
 ``filter-<key>.json``. An interrupted stage resumes at its last checkpoint: the files are cut
 back to the recorded lengths and the rows after it are judged again, so the result is the
-bytes an uninterrupted run writes.
+bytes an uninterrupted run writes. A checkpoint whose files do not hold what it records (a
+record that does not parse, files cut short or rewritten) is discarded with a warning and the
+stage runs from the start.
 
 With ``num_proc`` above 1 the per-row work (parsing, normalization, every filter's check) runs
 in that many processes through ``datasets.Dataset.map``, window by window; the verdicts are
@@ -14,14 +16,17 @@ then applied in order here, so the output does not depend on ``num_proc``.
 
 from __future__ import annotations
 
-import json
+import hashlib
 import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from rstar2_data.cache import PARALLEL_PREFIX
 from rstar2_data.converters.base import RowKind
 from rstar2_data.filters import Filter, FilterChain, FilterReport, Item, Verdict
 from rstar2_data.jsonl import atomic_write_text
@@ -32,6 +37,56 @@ from rstar2_data.rows import parse_row
 logger = logging.getLogger(__name__)
 CHECKPOINT_ROWS = 100_000
 _ADVANCE = 4096  # rows between progress updates
+
+
+class _Checkpoint(BaseModel):
+    """``filter-<key>.json``: how far the stage got, and what its files held then."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    done: bool
+    rows_done: int
+    kept: int
+    data_bytes: int
+    keys_bytes: int
+    data_sha256: str
+    keys_sha256: str
+    chain: dict[str, Any]
+    reports: list[FilterReport]
+
+
+class _Log:
+    """A file the stage appends to, with the SHA-256 of everything it holds so far."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def holds(self, size: int, sha256: str) -> bool:
+        """Whether the file's first ``size`` bytes have this SHA-256; if so the log continues
+        from there (the file is cut back to them)."""
+        if not self.path.is_file() or self.path.stat().st_size < size:
+            return False
+        sha, left = hashlib.sha256(), size
+        with self.path.open("rb") as handle:
+            while left and (block := handle.read(min(left, 1 << 20))):
+                sha.update(block)
+                left -= len(block)
+        if left or sha.hexdigest() != sha256:
+            return False
+        os.truncate(self.path, size)
+        self.sha, self.size = sha, size
+        return True
+
+    def restart(self) -> None:
+        self.path.write_bytes(b"")
+        self.sha, self.size = hashlib.sha256(), 0
+
+    def append(self, handle: BinaryIO, data: bytes) -> None:
+        handle.write(data)
+        self.sha.update(data)
+        self.size += len(data)
 
 
 @dataclass(frozen=True)
@@ -119,54 +174,55 @@ def run_filters(
     num_proc: int = 1,
 ) -> Filtered:
     """Filter the pool into ``cache_dir/filter-<key>.jsonl``, resuming a checkpoint there."""
-    data_path = cache_dir / f"filter-{key}.jsonl"
-    keys_path = cache_dir / f"filter-{key}.keys"
+    data = _Log(cache_dir / f"filter-{key}.jsonl")
+    keys = _Log(cache_dir / f"filter-{key}.keys")
     state_path = cache_dir / f"filter-{key}.json"
     name = "filter " + (" > ".join(f.name for f in filters) or "(ids only)")
     chain = FilterChain(filters)
-    state = _usable_state(state_path, data_path, keys_path)
-    if state is not None and state["done"]:
-        os.truncate(data_path, state["data_bytes"])
-        stages.reused(name, state["kept"])
-        reports = [FilterReport.model_validate(r) for r in state["reports"]]
-        return Filtered(data_path, state["kept"], reports)
+    state = _usable_state(state_path, data, keys, chain)
+    if state is not None and state.done:
+        stages.reused(name, state.kept)
+        return Filtered(data.path, state.kept, state.reports)
     start = kept = 0
     if state is not None:
-        start, kept = state["rows_done"], state["kept"]
-        for path, size in ((data_path, state["data_bytes"]), (keys_path, state["keys_bytes"])):
-            os.truncate(path, size)
-        chain.restore(state["chain"], keys_path.read_bytes())
+        start, kept = state.rows_done, state.kept
         logger.info("%s: resuming at row %d of %d", name, start, pool.size)
     else:
+        chain = FilterChain(filters)  # a failed restore may have filled the first one
         cache_dir.mkdir(parents=True, exist_ok=True)
-        for path in (data_path, keys_path):
-            path.write_bytes(b"")
+        data.restart()
+        keys.restart()
     parallel = (
-        _ParallelChecks(pool, filters, kind, cache_dir / f"hf-{key}", num_proc)
+        _ParallelChecks(pool, filters, kind, cache_dir / f"{PARALLEL_PREFIX}{key}", num_proc)
         if num_proc > 1
         else None
     )
     lines = pool.lines(start)
+    pending: list[bytes] = []  # kept lines, written a few thousand at a time
     with (
         stages.stage(name, pool.size, start=start) as stage,
-        data_path.open("ab") as data,
-        keys_path.open("ab") as keys,
+        data.path.open("ab") as data_file,
+        keys.path.open("ab") as keys_file,
     ):
 
         def checkpoint(done: int, *, final: bool) -> None:
-            data.flush()
-            chain.flush_keys(keys)
-            keys.flush()
-            record = {
-                "done": final,
-                "rows_done": done,
-                "kept": kept,
-                "data_bytes": data.tell(),
-                "keys_bytes": keys.tell(),
-                "chain": chain.state(),
-                "reports": [r.model_dump() for r in chain.reports()] if final else [],
-            }
-            atomic_write_text(state_path, json.dumps(record))
+            data.append(data_file, b"".join(pending))
+            pending.clear()
+            keys.append(keys_file, chain.take_keys())
+            data_file.flush()
+            keys_file.flush()
+            record = _Checkpoint(
+                done=final,
+                rows_done=done,
+                kept=kept,
+                data_bytes=data.size,
+                keys_bytes=keys.size,
+                data_sha256=data.sha.hexdigest(),
+                keys_sha256=keys.sha.hexdigest(),
+                chain=chain.state(),
+                reports=chain.reports() if final else [],
+            )
+            atomic_write_text(state_path, record.model_dump_json())
             stage.advance(done - stage.done)
             if not final:
                 logger.info("%s: checkpoint at row %d", name, done)
@@ -182,9 +238,11 @@ def run_filters(
                 else:
                     ok = chain.judge_item(Item(parse_row(line, kind)))
                 if ok:
-                    data.write(line)
+                    pending.append(line)
                     kept += 1
                 if done % _ADVANCE == 0:
+                    data.append(data_file, b"".join(pending))
+                    pending.clear()
                     stage.advance(done - stage.done)
             checkpoint(window_stop, final=False)
         chain.check_duplicate_ids()
@@ -192,17 +250,39 @@ def run_filters(
     if parallel is not None:
         import shutil
 
-        shutil.rmtree(cache_dir / f"hf-{key}", ignore_errors=True)
-    return Filtered(data_path, kept, chain.reports())
+        shutil.rmtree(cache_dir / f"{PARALLEL_PREFIX}{key}", ignore_errors=True)
+    return Filtered(data.path, kept, chain.reports())
 
 
-def _usable_state(state_path: Path, data_path: Path, keys_path: Path) -> dict[str, Any] | None:
-    """The recorded state when its files hold at least the recorded bytes, else None."""
+def _usable_state(
+    state_path: Path, data: _Log, keys: _Log, chain: FilterChain
+) -> _Checkpoint | None:
+    """The recorded checkpoint, with the files cut back to it and ``chain`` restored, when
+    its record parses and the files hold the bytes it records; else None (with a warning when
+    there was a record)."""
     if not state_path.is_file():
         return None
-    state: dict[str, Any] = json.loads(state_path.read_text(encoding="utf-8"))
-    for path, size in ((data_path, state["data_bytes"]), (keys_path, state["keys_bytes"])):
-        if not path.is_file() or path.stat().st_size < size:
-            logger.warning("%s is shorter than its checkpoint says; filtering anew", path)
+    try:
+        state = _Checkpoint.model_validate_json(state_path.read_bytes())
+    except ValidationError:
+        logger.warning("%s is not a valid checkpoint; filtering anew", state_path)
+        return None
+    for log, size, sha256 in (
+        (data, state.data_bytes, state.data_sha256),
+        (keys, state.keys_bytes, state.keys_sha256),
+    ):
+        if not log.holds(size, sha256):
+            logger.warning(
+                "%s does not hold the %d bytes its checkpoint %s records; filtering anew",
+                log.path,
+                size,
+                state_path.name,
+            )
+            return None
+    if not state.done:
+        try:
+            chain.restore(state.chain, keys.path.read_bytes())
+        except (KeyError, TypeError, ValueError) as error:
+            logger.warning("%s: cannot restore the filters (%s); filtering anew", state_path, error)
             return None
     return state

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import stat
 import sys
@@ -27,21 +28,65 @@ class DataFileError(ValueError):
         super().__init__(f"{path}:{line}: {reason}" if line is not None else f"{path}: {reason}")
 
 
-def iter_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, object)`` for each non-blank line of a JSONL file."""
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+MAX_LINE_BYTES = 16 << 20
+"""The longest JSONL line read (16 MiB, newline excluded): far above any real row, and a line
+is refused before it is parsed, since parsing a JSON line takes many times its size in memory."""
+_BOM = b"\xef\xbb\xbf"
+
+
+def iter_jsonl_lines(
+    path: Path, *, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for each non-blank line of a JSONL file.
+
+    Every problem is a ``DataFileError`` naming the line and what was expected: a line that is
+    not UTF-8, longer than ``max_line_bytes`` (read no further than that), not JSON (with the
+    column), or not an object. A UTF-8 byte order mark opening the file is skipped.
+    """
+    with path.open("rb") as handle:
+        number = 0
+        # readline with a limit: an over-long line is never held whole.
+        while raw := handle.readline(max_line_bytes + 1):
+            number += 1
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                raise DataFileError(
+                    path,
+                    f"line longer than {max_line_bytes:,} bytes, the most a line may hold; "
+                    "expected one JSON object per line (raise the limit if such rows are real)",
+                    line=number,
+                )
+            if number == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM) :]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataFileError(
+                    path,
+                    f"invalid UTF-8 at byte {error.start + 1} of the line "
+                    f"({raw[error.start : error.start + 4]!r}); expected UTF-8 text",
+                    line=number,
+                ) from None
             if not line.strip():
                 continue
-            try:
-                value = loads_json_line(line)
-            except json.JSONDecodeError as error:
-                raise DataFileError(path, f"invalid JSON: {error.msg}", line=number) from None
-            if not isinstance(value, dict):
-                raise DataFileError(
-                    path, f"expected a JSON object, got {type(value).__name__}", line=number
-                )
-            yield number, value
+            yield number, _json_object(path, line, number)
+
+
+def _json_object(path: Path, line: str, number: int) -> dict[str, Any]:
+    try:
+        value = loads_json_line(line)
+    except json.JSONDecodeError as error:
+        # error.msg alone drops the position; some messages end in "at" awaiting it.
+        where = f"column {error.colno}" if error.msg.endswith(" at") else f"at column {error.colno}"
+        raise DataFileError(
+            path,
+            f"invalid JSON: {error.msg} {where}; expected one JSON object per line",
+            line=number,
+        ) from None
+    if not isinstance(value, dict):
+        raise DataFileError(
+            path, f"expected a JSON object, got {type(value).__name__}", line=number
+        )
+    return value
 
 
 def loads_json_line(line: str | bytes) -> Any:
@@ -117,6 +162,26 @@ def _create_temporary(path: Path) -> Path:
         except FileExistsError:
             continue
         return tmp
+
+
+_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")  # the names _create_temporary gives
+
+
+def remove_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporary files ``atomic_output`` left in ``folder`` (a process killed
+    mid-write cannot remove its own); the paths removed.
+
+    Only for a folder no other process writes into at the same time (a build holds its
+    folder's lock): another writer's temporary would go too.
+    """
+    if not folder.is_dir():
+        return []
+    found = [
+        path for path in folder.iterdir() if _TEMPORARY.fullmatch(path.name) and path.is_file()
+    ]
+    for path in found:
+        path.unlink(missing_ok=True)
+    return found
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from rstar2_data.benchmarks import BenchmarkSpec, FieldMap, resolve_path
+from rstar2_data.benchmarks import BenchmarkSpec, FieldMap, resolve_data_path, resolve_path
 from rstar2_data.converters import CONVERTERS, get_converter
 from rstar2_data.converters.base import RowKind
 from rstar2_data.demo.generator import DEFAULT_HELDOUT_SHARE, Split
@@ -95,7 +95,7 @@ class SourceSpec(_Strict):
     count: int | None = Field(default=None, gt=0, description="Take this many rows (seeded).")
     weight: float | None = Field(default=None, gt=0, description="Share of the recipe's total.")
 
-    _resolve_path = field_validator("path")(resolve_path)
+    _resolve_path = field_validator("path")(resolve_data_path)
 
     @field_validator("converter")
     @classmethod

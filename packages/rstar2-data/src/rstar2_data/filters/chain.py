@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 from rstar2_data.filters.base import Filter, FilterReport, Verdict
 from rstar2_data.filters.text import Item
@@ -109,13 +109,14 @@ class FilterChain:
 
     # -- checkpoints ----------------------------------------------------------------------
 
-    def flush_keys(self, log: BinaryIO) -> None:
-        """Append the keys remembered since the last flush to ``log``."""
-        log.write(b"".join(self._new_keys))
+    def take_keys(self) -> bytes:
+        """The keys remembered since the last call, as records of the key log."""
+        records = b"".join(self._new_keys)
         self._new_keys.clear()
+        return records
 
     def state(self) -> dict[str, Any]:
-        """The counters, as JSON-ready data (the keys go to the log: ``flush_keys``)."""
+        """The counters, as JSON-ready data (the keys go to the log: ``take_keys``)."""
         return {
             "rows_in": self.rows_in,
             "removed": [dict(c) for c in self.removed],
