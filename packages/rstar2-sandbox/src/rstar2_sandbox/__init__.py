@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from rstar2_sandbox.dispatch import LocalDispatcher as LocalDispatcher
     from rstar2_sandbox.dispatch import QueueFullError as QueueFullError
     from rstar2_sandbox.executor.pool import ExecutorPool as ExecutorPool
+    from rstar2_sandbox.executor.pool import SandboxStartError as SandboxStartError
     from rstar2_sandbox.executor.settings import ExecutorSettings as ExecutorSettings
     from rstar2_sandbox.isolation import IsolationFeature as IsolationFeature
     from rstar2_sandbox.isolation import IsolationReport as IsolationReport
@@ -59,6 +60,7 @@ _EXPORTS = {
     "LocalDispatcher": "rstar2_sandbox.dispatch",
     "QueueFullError": "rstar2_sandbox.dispatch",
     "ExecutorPool": "rstar2_sandbox.executor.pool",
+    "SandboxStartError": "rstar2_sandbox.executor.pool",
     "ExecutorSettings": "rstar2_sandbox.executor.settings",
     "IsolationFeature": "rstar2_sandbox.isolation",
     "IsolationReport": "rstar2_sandbox.isolation",

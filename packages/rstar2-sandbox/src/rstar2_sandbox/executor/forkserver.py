@@ -26,19 +26,18 @@ import tempfile
 import time
 from typing import Any
 
+from rstar2_sandbox.executor.binds import enable_private_tmp, expose_python, under
 from rstar2_sandbox.executor.child import FILENAME, ChildPlan, child_main, minimal_environment
 from rstar2_sandbox.executor.loop import Loop, Timer
 from rstar2_sandbox.executor.prefix_cache import PrefixCache
-from rstar2_sandbox.executor.rootfs import enter_root, plan_root, under
+from rstar2_sandbox.executor.rootfs import enter_root, plan_root
 from rstar2_sandbox.executor.slot_tmp import SlotTmp
 from rstar2_sandbox.executor.syscalls import (
     Feature,
     can_read_python_as,
     enable_network_namespace,
-    enable_private_tmp,
     enable_subreaper,
     enter_pid_namespace,
-    expose_python,
     kill_quietly,
     python_roots,
     set_parent_death_signal,
@@ -562,6 +561,34 @@ def _prune_sys_path(visible: list[str]) -> None:
     sys.path[:] = kept
 
 
+class StartError(Exception):
+    """The fork-server cannot serve: what failed, and what to do about it."""
+
+    def __init__(self, cause: str, remedy: str) -> None:
+        super().__init__(f"{cause}; {remedy}")
+
+
+def start_failure(exc: BaseException) -> str:
+    """What the pool is told when this fork-server cannot start: the cause (path, mount or
+    capability) and what to do about it."""
+    if isinstance(exc, StartError):
+        return str(exc)
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError) and exc.errno in (errno.EPERM, errno.EACCES):
+        remedy = (
+            "the service lacks a privilege its isolation needs (root, or CAP_SYS_ADMIN for "
+            "namespaces and mounts; in a container, one allowed to make them); start as root, or "
+            "with isolate=False (--no-isolate) to run code without isolation"
+        )
+    elif isinstance(exc, OSError) and exc.errno == errno.EROFS:
+        remedy = f"{exc.filename or 'a path it writes'} is on a read-only mount: report this"
+    elif isinstance(exc, OSError) and exc.errno in (errno.ENOMEM, errno.ENOSPC):
+        remedy = "the machine is out of memory or of tmpfs space: free some, or lower the quotas"
+    else:
+        remedy = "see the fork-server's log above; isolate=False (--no-isolate) skips isolation"
+    return f"{text}; {remedy}"
+
+
 def main() -> None:
     """Configure, isolate and preload, then serve calls until the pool closes the pipe."""
     logging.basicConfig(level=logging.INFO, format="forkserver %(process)d: %(message)s")
@@ -571,12 +598,27 @@ def main() -> None:
     os.dup2(devnull, 0)
     os.dup2(2, 1)
     config = json.loads(_read_frame(ctl_in))
-    settings = config["settings"]
     sys.path[:] = config["sys_path"]
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != config["parent_pid"]:
         return
+    try:
+        server, hello = _start(ctl_in, ctl_out, config)
+    except Exception as exc:
+        log.exception("could not start")
+        os.write(ctl_out, message_header({"error": start_failure(exc)}, 0))
+        sys.exit(1)
+    server.send(hello)
+    try:
+        server.loop.run()
+    finally:
+        if server.workroot != "/tmp":
+            shutil.rmtree(server.workroot, ignore_errors=True)
 
+
+def _start(ctl_in: int, ctl_out: int, config: dict[str, Any]) -> tuple[ForkServer, dict[str, Any]]:
+    """Isolate this process, preload, and make the server; the message that says it is ready."""
+    settings = config["settings"]
     is_root = os.geteuid() == 0
     isolate = bool(settings["isolate"])
     drop_uid = isolate and is_root
@@ -597,12 +639,12 @@ def main() -> None:
             logging.Formatter(f"forkserver {host_pid}: %(message)s")
         )
         features["network_namespace"] = enable_network_namespace()
-        features["private_tmp"] = enable_private_tmp(
+        features["private_tmp"], keep_under_tmp = enable_private_tmp(
             shared_mb, keep=roots, new_namespace=not features["pid_namespace"][0]
         )
     else:
         features["pid_namespace"] = features["network_namespace"] = (False, "disabled")
-        features["private_tmp"] = (False, "disabled")
+        features["private_tmp"], keep_under_tmp = (False, "disabled"), []
     # Not inherited across the fork above.
     features["subreaper"] = enable_subreaper()
     features["rlimits"] = (True, "")
@@ -626,18 +668,24 @@ def main() -> None:
         numpy.random.seed()
 
     # After preloading, which reads the host's files: the root holding only what runs need.
-    keep_under_tmp = [root for root in roots if root.startswith("/tmp/")]
     if features["private_tmp"][0]:
         plan = plan_root(preloaded, slot_uids)
         visible = [os.path.realpath(path) for path in plan.read_only]
-        features["filesystem_root"] = enter_root(plan, tempfile.mkdtemp(prefix="root-"))
+        # Built in this server's own /tmp (a private tmpfs), wherever the interpreter lives.
+        staging = tempfile.mkdtemp(prefix="root-", dir="/tmp")
+        features["filesystem_root"], in_tmp = enter_root(plan, staging)
         if features["filesystem_root"][0]:
             _prune_sys_path(visible)
-            keep_under_tmp = [path for path in plan.read_only if path.startswith("/tmp/")]
-            # The root's own /tmp and /dev/shm, which each slot's namespace covers in turn.
-            features["private_tmp"] = enable_private_tmp(
-                shared_mb, keep_under_tmp, new_namespace=False, directories=("/tmp", "/dev/shm")
+            # The root's own /tmp and /dev/shm, which each slot's namespace covers in turn; what
+            # of the installation lies under /tmp stays there, read-only.
+            features["private_tmp"], keep_under_tmp = enable_private_tmp(
+                shared_mb, in_tmp, new_namespace=False, directories=("/tmp", "/dev/shm")
             )
+            if not features["private_tmp"][0]:
+                raise StartError(
+                    f"its root has no writable /tmp ({features['private_tmp'][1]})",
+                    "free memory for a tmpfs, or start with isolate=False (--no-isolate)",
+                )
     else:
         features["filesystem_root"] = (False, "disabled" if not isolate else "needs private_tmp")
     features["unprivileged_uid"] = features["process_limit"] = (drop_uid, reason)
@@ -671,7 +719,13 @@ def main() -> None:
             )
     else:
         features["run_tmp"] = (False, "disabled" if not isolate else "needs private_tmp")
-        workroot = tempfile.mkdtemp(prefix="rstar2-sandbox-")
+        try:
+            workroot = tempfile.mkdtemp(prefix="rstar2-sandbox-")
+        except OSError as exc:
+            raise StartError(
+                f"no place for the runs' working directories: {exc}",
+                "make /tmp writable for this user",
+            ) from exc
         os.chmod(workroot, 0o711)
     if drop_uid:
         # Leftovers of an earlier fork-server that held these uids and died.
@@ -687,19 +741,13 @@ def main() -> None:
     server = ForkServer(
         ctl_in, ctl_out, config, workroot, drop_uid, mapped_bytes, run_tmp_mb, slot_tmps
     )
-    server.send(
-        {
-            "pid": host_pid,
-            "preloaded": preloaded,
-            "failed_preloads": failed,
-            "isolation": {name: _feature(value) for name, value in features.items()},
-        }
-    )
-    try:
-        server.loop.run()
-    finally:
-        if workroot != "/tmp":
-            shutil.rmtree(workroot, ignore_errors=True)
+    hello = {
+        "pid": host_pid,
+        "preloaded": preloaded,
+        "failed_preloads": failed,
+        "isolation": {name: _feature(value) for name, value in features.items()},
+    }
+    return server, hello
 
 
 if __name__ == "__main__":

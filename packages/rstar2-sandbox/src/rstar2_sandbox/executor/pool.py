@@ -41,6 +41,10 @@ class ForkServerInfo(BaseModel):
     isolation: IsolationReport
 
 
+class SandboxStartError(RuntimeError):
+    """A fork-server could not start; the message names the cause and what to do about it."""
+
+
 def _internal_error(message: str) -> RunResult:
     return RunResult(status=RunStatus.INTERNAL_ERROR, stderr=message)
 
@@ -96,8 +100,15 @@ class ForkServerProcess:
         frame = await asyncio.wait_for(self._read_frame(), START_TIMEOUT_S)
         if frame is None:
             code = await self.process.wait()
-            raise RuntimeError(f"fork-server {self.index} exited with {code} during start")
-        self.info = ForkServerInfo.model_validate_json(frame[0])
+            raise SandboxStartError(
+                f"fork-server {self.index} exited with {code} during start, before it could say "
+                "why (its log, on this process's stderr, has the traceback)"
+            )
+        hello = json.loads(frame[0])
+        if "error" in hello:
+            await self.process.wait()
+            raise SandboxStartError(f"fork-server {self.index} could not start: {hello['error']}")
+        self.info = ForkServerInfo.model_validate(hello)
         for name, error in self.info.failed_preloads.items():
             log.warning("fork-server %d could not preload %s: %s", self.index, name, error)
         self._reader = asyncio.create_task(self._read_results())

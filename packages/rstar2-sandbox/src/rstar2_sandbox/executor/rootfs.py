@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import os
 import site
-import stat
 import struct
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from rstar2_sandbox.executor.binds import under, way_to
 from rstar2_sandbox.executor.syscalls import (
     MS_BIND,
     MS_NODEV,
@@ -42,7 +42,6 @@ from rstar2_sandbox.executor.syscalls import (
     MS_RDONLY,
     MS_REMOUNT,
     Feature,
-    bind_read_only,
     mount,
     pivot_root,
     umount_detached,
@@ -81,11 +80,6 @@ class RootPlan:
             f"{', '.join(self.files)}; private: {', '.join(MOUNT_POINTS)} "
             f"(/proc {PROC_OPTIONS})"
         )
-
-
-def under(path: str, roots: Iterable[str]) -> bool:
-    """Whether ``path`` is one of ``roots`` or inside one."""
-    return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
 
 
 def python_paths(preloaded: Iterable[str]) -> list[str]:
@@ -187,39 +181,6 @@ def plan_root(preloaded: Iterable[str], slot_uids: Iterable[int]) -> RootPlan:
     )
 
 
-def _place(root: str, path: str, bound: set[str], *, devices: bool = False, depth: int = 0) -> None:
-    """Make the host's ``path`` appear at the same place under ``root``: symlinks on the way
-    are copied and followed, directories made, and the path itself bound read-only."""
-    if depth > 40:
-        raise OSError(f"too many levels of symbolic links under {path}")
-    parts = [part for part in path.split(os.sep) if part]
-    if not parts:
-        raise ValueError("the host's root itself cannot be exposed")
-    host = os.sep
-    for index, part in enumerate(parts):
-        host = os.path.join(host, part)
-        if host in bound:
-            return  # visible already, through a bind of it or of a directory above it
-        inside = root + host
-        info = os.lstat(host)
-        if stat.S_ISLNK(info.st_mode):
-            target = os.readlink(host)
-            if not os.path.lexists(inside):
-                os.symlink(target, inside)
-            resolved = os.path.join(os.path.dirname(host), target, *parts[index + 1 :])
-            _place(root, os.path.normpath(resolved), bound, devices=devices, depth=depth + 1)
-            return
-        if stat.S_ISDIR(info.st_mode):
-            if not os.path.isdir(inside):
-                os.mkdir(inside, 0o755)
-        elif index < len(parts) - 1:
-            raise NotADirectoryError(f"{host} (on the way to {path}) is not a directory")
-        elif not os.path.lexists(inside):
-            os.close(os.open(inside, os.O_CREAT | os.O_WRONLY, 0o644))
-    bind_read_only(host, root + host, devices=devices)
-    bound.add(host)
-
-
 def _switch_root(root: str) -> str:
     """Make ``root`` this process's root and detach the old one; says how it was done."""
     os.chdir(root)
@@ -237,24 +198,25 @@ def _switch_root(root: str) -> str:
     return how
 
 
-def enter_root(plan: RootPlan, staging: str) -> Feature:
+def enter_root(plan: RootPlan, staging: str) -> tuple[Feature, list[str]]:
     """Build the root of ``plan`` on ``staging`` (an empty directory) and move into it.
 
     Needs this process's own private mount namespace (and, for ``/proc`` to show only the runs,
     its own PID namespace). On failure before the switch, nothing changes and the reason is
-    returned; the caller mounts the private ``/tmp`` and ``/dev/shm`` after it.
+    returned; the caller mounts the private ``/tmp`` and ``/dev/shm`` after it, keeping the paths
+    returned (what of the installation lies under ``/tmp``).
     """
     try:
         mount("tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV, ROOT_TMPFS)
     except OSError as exc:
-        return False, f"could not make the root: {exc}"
+        return (False, f"could not make the root: {exc}"), []
     try:
-        bound: set[str] = set()
-        directories_first = sorted(plan.read_only, key=lambda p: (not os.path.isdir(p), p))
-        for path in directories_first:
-            _place(staging, path, bound)
-        for device in DEVICES:
-            _place(staging, device, bound, devices=True)
+        way = way_to(plan.read_only, devices=DEVICES)
+        try:
+            way.make(staging)
+            in_tmp = [path for path in way.leaves if under(path, ["/tmp"])]
+        finally:
+            way.close()
         for link, target in DEVICE_LINKS.items():
             os.symlink(target, staging + link)
         for path, text in plan.files.items():
@@ -269,5 +231,5 @@ def enter_root(plan: RootPlan, staging: str) -> Feature:
         how = _switch_root(staging)
     except OSError as exc:
         umount_detached(staging)
-        return False, f"could not make the root: {exc}"
-    return True, f"{how}; {plan.describe()}"
+        return (False, f"could not make the root: {exc}"), []
+    return (True, f"{how}; {plan.describe()}"), in_tmp

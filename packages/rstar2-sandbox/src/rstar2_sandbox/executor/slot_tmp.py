@@ -20,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import os
 
-from rstar2_sandbox.executor.syscalls import CLONE_NEWNS, cover, mount_quota_options, unshare
+from rstar2_sandbox.executor.binds import cover
+from rstar2_sandbox.executor.syscalls import CLONE_NEWNS, mount_quota_options, unshare
 
 # Files (and directories) a run may create in its /tmp and in its /dev/shm: an inode costs kernel
 # memory that the size quota does not count.

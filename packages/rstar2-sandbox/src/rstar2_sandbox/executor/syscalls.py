@@ -84,25 +84,6 @@ def pivot_root(new_root: str, put_old: str) -> None:
     _check(_libc.syscall(number, new_root.encode(), put_old.encode()), "pivot_root")
 
 
-def bind_read_only(source: str, target: str, *, devices: bool = False) -> None:
-    """Bind ``source`` at ``target``, read-only, without set-uid programs (or devices, unless
-    ``devices``): the flags the source's own mount has are kept, since a mount may not lose them.
-    """
-    mount(source, target, None, MS_BIND, None)
-    kept = os.statvfs(source).f_flag
-    flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | (0 if devices else MS_NODEV)
-    for st_flag, ms_flag in (
-        (os.ST_NODEV, MS_NODEV),
-        (os.ST_NOEXEC, MS_NOEXEC),
-        (os.ST_NOATIME, MS_NOATIME),
-        (os.ST_NODIRATIME, MS_NODIRATIME),
-        (os.ST_RELATIME, MS_RELATIME),
-    ):
-        if kept & st_flag:
-            flags |= ms_flag
-    mount("none", target, None, flags, None)
-
-
 def enter_pid_namespace(keep_out: tuple[int, ...] = ()) -> tuple[Feature, int]:
     """Go on in a new PID namespace, as its second process, with a ``/proc`` of its own.
 
@@ -224,51 +205,6 @@ def enable_network_namespace() -> Feature:
     return True, ""
 
 
-def enable_private_tmp(
-    size_mb: int,
-    keep: list[str],
-    *,
-    new_namespace: bool = True,
-    directories: tuple[str, ...] = SHARED_WRITABLE_DIRS,
-) -> Feature:
-    """Hide the shared writable directories behind private, root-owned tmpfs mounts.
-
-    Runs this process in a new mount namespace (with ``new_namespace``; else it has its own
-    already), so the host never sees these mounts; they vanish with the process. Runs cannot
-    create files in them (mode 0711): each run enters a namespace with its own ``/tmp`` and
-    ``/dev/shm`` over them (``slot_tmp``), or, where that fails, keeps its working directory in
-    this ``/tmp``. Directories in ``keep`` (the Python installation, say a virtual environment
-    under ``/tmp``) stay reachable: they are bound back into the tmpfs that covers them.
-    """
-    try:
-        if new_namespace:
-            unshare(CLONE_NEWNS)
-            # Keep our mounts from propagating back to the host's namespace.
-            mount("none", "/", None, MS_REC | MS_PRIVATE, None)
-    except OSError as exc:
-        return False, f"mount namespace unavailable: {exc}"
-    hidden: list[str] = []
-    visible: list[str] = []
-    for directory in directories:
-        inside = [root for root in keep if root.startswith(directory + os.sep)]
-        if not os.path.isdir(directory) or directory in keep:
-            visible.append(directory)
-            continue
-        try:
-            # 0711: a run may enter its own working directory but cannot create files here.
-            cover(directory, inside, f"size={size_mb}m,mode=0711")
-        except OSError:
-            visible.append(directory)
-        else:
-            hidden.append(directory)
-    if "/tmp" not in hidden:
-        return False, "could not mount a private /tmp"
-    detail = f"hidden: {', '.join(hidden)}"
-    if visible:
-        detail += f"; left visible: {', '.join(visible)}"
-    return True, detail
-
-
 def setns(fd: int, nstype: int) -> None:
     """Move this process into the namespace ``fd`` refers to (``setns(2)``)."""
     _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
@@ -292,58 +228,16 @@ def kill_quietly(pid: int, sig: int = signal.SIGKILL, *, group: bool = False) ->
 
 
 def python_roots() -> list[str]:
-    """Directories a run must be able to read: the interpreter, its stdlib, every import root."""
+    """Directories a run must be able to read: the interpreter, its stdlib, every import root.
+
+    A shared writable directory itself (``/tmp`` on ``sys.path`` when the caller's script lives
+    there) is left out: what is in it is not the installation, and it is covered for the runs.
+    """
     candidates = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     candidates.update(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p))
-    roots = sorted(candidates)
+    roots = sorted(candidates - {os.sep, *SHARED_WRITABLE_DIRS})
     # Keep only outermost directories: binding a root exposes everything under it.
     return [r for r in roots if not any(r.startswith(o + os.sep) for o in roots if o != r)]
-
-
-def _closed_ancestor(path: str) -> str | None:
-    """The outermost ancestor of ``path`` that other users cannot traverse, if any."""
-    current = os.sep
-    for part in path.strip(os.sep).split(os.sep)[:-1]:
-        current = os.path.join(current, part)
-        if not os.stat(current).st_mode & 0o001:
-            return current
-    return None
-
-
-def cover(directory: str, keep: list[str], options: str) -> None:
-    """Mount an empty tmpfs over ``directory``, then bind each of ``keep`` (inside it) back."""
-    # Handles taken before the tmpfs hides the originals; binding from them reaches what is below.
-    handles = {root: os.open(root, os.O_PATH | os.O_DIRECTORY) for root in keep}
-    try:
-        mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, options)
-        for root, handle in handles.items():
-            os.makedirs(root, mode=0o755, exist_ok=True)
-            mount(f"/proc/self/fd/{handle}", root, None, MS_BIND | MS_REC, None)
-    finally:
-        for handle in handles.values():
-            os.close(handle)
-
-
-def expose_python(roots: list[str]) -> Feature:
-    """Make the Python installation reachable for unprivileged runs, hiding what surrounds it.
-
-    When the interpreter lives under a directory others cannot enter (say ``/root``), a run with
-    its own uid could not import anything. Inside this process's private mount namespace, that
-    directory is covered by an empty tmpfs and only the Python roots are bound back into it: runs
-    can import, and the rest of the directory (a home with keys, say) stays out of sight.
-    """
-    plan: dict[str, list[str]] = {}
-    for root in roots:
-        closed = _closed_ancestor(root)
-        if closed is not None:
-            plan.setdefault(closed, []).append(root)
-    for closed, inside in plan.items():
-        try:
-            cover(closed, inside, "size=1m,mode=0755")
-        except OSError as exc:
-            return False, f"could not expose {inside} under {closed}: {exc}"
-    exposed = [root for inside in plan.values() for root in inside]
-    return True, f"re-exposed {', '.join(exposed)}" if exposed else ""
 
 
 def can_read_python_as(uid: int) -> Feature:
