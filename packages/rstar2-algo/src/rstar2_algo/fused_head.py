@@ -59,6 +59,30 @@ def _scaled_logits(
     return scaled if temperature == 1.0 else scaled.div_(temperature)
 
 
+def _accumulate_product(total: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> None:
+    """``total += left @ right``, summed in ``total``'s dtype without a ``[vocab, hidden]``
+    product in the inputs' lower precision: on CUDA cuBLAS writes the float32 sum directly
+    (``addmm``'s ``out_dtype``, torch 2.8 and later); elsewhere the chunk is upcast, which costs
+    one chunk-sized copy rather than a head-sized one."""
+    if total.dtype == left.dtype:
+        total.addmm_(left, right)
+    elif total.device.type == "cuda" and _CUDA_OUT_DTYPE[0]:
+        try:
+            torch.addmm(total, left, right, out_dtype=total.dtype, out=total)
+        except (TypeError, RuntimeError, NotImplementedError):
+            # An older torch: the head-sized product in the compute dtype, then the sum.
+            _CUDA_OUT_DTYPE[0] = False
+            total.add_(left @ right)
+    elif total.device.type == "cuda":
+        total.add_(left @ right)
+    else:
+        total.addmm_(left.to(total.dtype), right.to(total.dtype))
+
+
+_CUDA_OUT_DTYPE = [True]
+"""Whether this torch's CUDA ``addmm`` takes ``out_dtype`` (cleared on the first refusal)."""
+
+
 class _FusedLinearLogSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -145,10 +169,8 @@ class _FusedLinearLogSoftmax(torch.autograd.Function):
             grad = grad.to(weight.dtype)
             if grad_hidden is not None:
                 grad_hidden[part] = grad @ weight
-            if grad_weight is not None and grad_weight.dtype == weight.dtype:
-                grad_weight.addmm_(grad.T, hidden[part])
-            elif grad_weight is not None:
-                grad_weight.add_(grad.T @ hidden[part])
+            if grad_weight is not None:
+                _accumulate_product(grad_weight, grad.T, hidden[part])
             if grad_bias is not None:
                 grad_bias.add_(grad.sum(dim=0))
         return (
