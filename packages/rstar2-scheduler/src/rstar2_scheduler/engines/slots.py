@@ -13,9 +13,13 @@ few hundred small kernel launches per step. ``SlotBatch`` instead:
 - attends with ``grouped_decode_attention``: one query per row against the slot's columns,
   each key/value head read once for its whole query group, masked to the row's length, over a
   window of ``COLUMN_BLOCK`` x a power of two columns (so shapes repeat);
-- runs the decode step under ``torch.compile(mode="reduce-overhead")`` on CUDA (CUDA graphs:
-  one replay per step instead of a launch per kernel), falling back to eager execution if
-  compilation fails.
+- can run the decode step under ``torch.compile(mode="reduce-overhead")`` (CUDA graphs: one
+  replay per step instead of a launch per kernel), within a compile budget: past
+  ``compile_budget_s`` seconds of compiling, more than ``max_compiled_graphs`` graphs (a
+  recompile storm) or on any compiler error, it decodes eagerly for the rest of its life, and
+  says so in the log. Off by default: on an H200 the compiled step decoded 7x faster than
+  ``model.generate`` once compiled, but its first pass took 52 s, 45 s of them compiling, and
+  eager slot decoding has not been measured there against it.
 
 Prefill (new rows, rows back from a tool call) runs as in ``PaddedBatch`` (rows with the same
 context once) and its keys and values are copied into free slots. Models with sliding-window
@@ -34,6 +38,7 @@ from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from rstar2_scheduler.compilation import compile_count, compile_seconds
 from rstar2_scheduler.engines.padded import PaddedBatch
 
 logger = logging.getLogger(__name__)
@@ -41,6 +46,13 @@ logger = logging.getLogger(__name__)
 DECODE_ATTENTION = "rstar2_decode"
 """The attention implementation a slot-decoding model runs: ``grouped_decode_attention`` for
 decode steps, ``sdpa`` (and its masks) for everything else."""
+
+DEFAULT_COMPILE_BUDGET_S = 120.0
+"""Seconds of compiling the decode step may take before it decodes eagerly instead."""
+
+DEFAULT_MAX_COMPILED_GRAPHS = 16
+"""Decode-step graphs (cache and window shapes) compiled before it decodes eagerly instead: a
+shape that keeps changing would otherwise recompile without end."""
 
 COLUMN_BLOCK = 256
 """Slot lengths and attention windows are multiples of this many columns."""
@@ -170,7 +182,14 @@ class SlotBatch:
     """
 
     def __init__(
-        self, model: PreTrainedModel, device: torch.device, *, max_slots: int, compile: bool
+        self,
+        model: PreTrainedModel,
+        device: torch.device,
+        *,
+        max_slots: int,
+        compile: bool,
+        compile_budget_s: float = DEFAULT_COMPILE_BUDGET_S,
+        max_compiled_graphs: int = DEFAULT_MAX_COMPILED_GRAPHS,
     ) -> None:
         _register()
         model.set_attn_implementation(DECODE_ATTENTION)
@@ -178,6 +197,12 @@ class SlotBatch:
         self.device = device
         self.max_slots = max_slots
         self.compile = compile
+        self.compile_budget_s = compile_budget_s
+        self.max_compiled_graphs = max_compiled_graphs
+        self.compile_s = 0.0
+        """Seconds spent compiling the decode step so far."""
+        self.compiled_graphs = 0
+        """Graphs compiled for the decode step so far (one per cache and window shape)."""
         self.cache: SlotCache | None = None
         self.lengths: list[int] = []
         """Tokens cached per slot (0 for a free slot)."""
@@ -295,14 +320,34 @@ class SlotBatch:
             return self._forward(input_ids, position_ids)
         if self._step is None:
             self._step = torch.compile(self._forward, mode="reduce-overhead")
+        seconds, graphs = compile_seconds(), compile_count()
         try:
             torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
-            return self._step(input_ids, position_ids)
+            logits = self._step(input_ids, position_ids)
         except Exception:  # any compiler failure: decode eagerly from now on
             logger.exception("compiling the slot decode step failed; decoding eagerly")
-            self.compile = False
-            self._step = None
+            self._stop_compiling()
             return self._forward(input_ids, position_ids)
+        self.compile_s += compile_seconds() - seconds
+        self.compiled_graphs += compile_count() - graphs
+        if (
+            self.compile_s > self.compile_budget_s
+            or self.compiled_graphs > self.max_compiled_graphs
+        ):
+            logger.warning(
+                "slot decode: compiling took %.1f s over %d graphs (budget %.0f s, %d graphs); "
+                "decoding eagerly from now on",
+                self.compile_s,
+                self.compiled_graphs,
+                self.compile_budget_s,
+                self.max_compiled_graphs,
+            )
+            self._stop_compiling()
+        return logits
+
+    def _stop_compiling(self) -> None:
+        self.compile = False
+        self._step = None
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """One decode step over every slot (free slots compute a throwaway token)."""
