@@ -17,6 +17,20 @@ from rstar2_scheduler.engines.padded import PaddedBatch
 from rstar2_scheduler.engines.slots import SlotBatch, grouped_decode_attention
 
 
+def tiny_qwen(**settings: Any) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        **settings,
+    )
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config)
+
+
 def test_grouped_decode_attention_is_sdpa_over_repeated_heads() -> None:
     generator = torch.Generator().manual_seed(0)
     query = torch.randn(3, 8, 1, 16, generator=generator)
@@ -36,25 +50,13 @@ def test_grouped_decode_attention_is_sdpa_over_repeated_heads() -> None:
 
 
 def test_auto_decodes_padded_on_cpu_and_slots_need_full_attention() -> None:
-    def tiny(**settings: Any) -> Qwen2ForCausalLM:
-        config = Qwen2Config(
-            vocab_size=50,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            **settings,
-        )
-        return Qwen2ForCausalLM(config)
-
-    auto = TransformersEngine(tiny(), TransformersEngineConfig(kv_budget_tokens=64))
+    auto = TransformersEngine(tiny_qwen(), TransformersEngineConfig(kv_budget_tokens=64))
     assert isinstance(auto._batch, PaddedBatch)
-    sliding = tiny(use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    sliding = tiny_qwen(use_sliding_window=True, sliding_window=8, max_window_layers=1)
     with pytest.raises(ValueError, match="not all full attention"):
         TransformersEngine(sliding, TransformersEngineConfig(kv_budget_tokens=64, decode="slots"))
     # A trainer's FlexAttention choice is not used to decode a padded batch.
-    flex = tiny()
+    flex = tiny_qwen()
     flex.set_attn_implementation("flex_attention")
     TransformersEngine(flex, TransformersEngineConfig(kv_budget_tokens=64))
     assert flex.config._attn_implementation == "sdpa"
@@ -82,19 +84,6 @@ class FakeCompiler:
             return function(*args)
 
         return compiled
-
-
-def tiny_qwen() -> Qwen2ForCausalLM:
-    config = Qwen2Config(
-        vocab_size=50,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(config)
 
 
 async def generate(engine: TransformersEngine) -> list[tuple[int, ...]]:
