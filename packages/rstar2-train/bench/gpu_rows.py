@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from isolated_rows import Events, Row
+from shapes import SHAPES
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from rstar2_scheduler import (
@@ -21,6 +22,8 @@ from rstar2_scheduler import (
     TransformersEngine,
     TransformersEngineConfig,
 )
+from rstar2_scheduler.compilation import compile_count, compile_seconds
+from rstar2_train.actor import Actor, make_optimizer
 from rstar2_train.batching import MicroBatch, TokenSequence, micro_batches
 from rstar2_train.config.schema import FSDPConfig, MemoryConfig, OptimizerConfig, ScheduleConfig
 from rstar2_train.memory import (
@@ -28,47 +31,13 @@ from rstar2_train.memory import (
     ModelShape,
     device_memory,
     estimate_peak,
-    fsdp_settings,
+    memory_settings,
     plan_memory,
 )
 from rstar2_train.modeling import choose_attention
 from rstar2_train.placement.ranks import RankSetup, TrainerRank, free_port
-from rstar2_train.startup import compile_count, compile_seconds
+from rstar2_train.precision import Precision
 
-QWEN3 = {
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "head_dim": 128,
-    "num_key_value_heads": 8,
-    "tie_word_embeddings": True,
-}
-SHAPES: dict[str, dict[str, Any]] = {
-    "0.6b": {
-        **QWEN3,
-        "hidden_size": 1024,
-        "intermediate_size": 3072,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 16,
-    },
-    "4b": {
-        **QWEN3,
-        "hidden_size": 2560,
-        "intermediate_size": 9728,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 32,
-    },
-    "tiny": {
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": True,
-    },
-}
 PRELOAD = [
     "torch",
     "transformers",
@@ -77,6 +46,7 @@ PRELOAD = [
     "rstar2_train.placement.ranks",
     "rstar2_train.modeling",
     "isolated_rows",
+    "shapes",
     "gpu_rows",
 ]
 """What the server that forks the rows imports once (each row would take seconds to)."""
@@ -109,15 +79,35 @@ def build(shape: str, attention: str, dtype: torch.dtype | None = None) -> Qwen3
 
 
 def sequences(count: int, length: int, vocab: int) -> list[TokenSequence]:
+    """``count`` sequences whose lengths spread evenly over a quarter to 1.75x ``length`` (mean
+    ``length``), in a shuffled order, as RL responses do; the first quarter of each is prompt."""
     generator = torch.Generator().manual_seed(0)
-    prompt = length // 4
+    low, high = max(2, length // 4), max(3, 7 * length // 4)
+    lengths = torch.linspace(low, high, count).round().long()
+    lengths = lengths[torch.randperm(count, generator=generator)].tolist()
     return [
         TokenSequence(
-            ids=torch.randint(0, vocab, (length,), generator=generator).tolist(),
-            mask=[0] * prompt + [1] * (length - prompt),
+            ids=torch.randint(0, vocab, (n,), generator=generator).tolist(),
+            mask=[0] * (n // 4) + [1] * (n - n // 4),
         )
-        for _ in range(count)
+        for n in lengths
     ]
+
+
+def padded_groups(seqs: list[TokenSequence], tokens: int) -> list[list[TokenSequence]]:
+    """What a padding collator makes of ``seqs`` in data order: consecutive sequences per
+    micro-batch while rows x the longest of them stay within ``tokens`` (padding included)."""
+    groups: list[list[TokenSequence]] = []
+    current: list[TokenSequence] = []
+    for sequence in seqs:
+        width = max([len(sequence.ids), *(len(s.ids) for s in current)])
+        if current and width * (len(current) + 1) > tokens:
+            groups.append(current)
+            current = []
+        current.append(sequence)
+    if current:
+        groups.append(current)
+    return groups
 
 
 def timed_steps(step: Callable[[], None], args: argparse.Namespace, events: Events) -> dict:
@@ -155,39 +145,37 @@ def update_result(tokens: int, parameters: int, timing: dict, **extra: Any) -> d
     return result
 
 
-def naive_rows(args: argparse.Namespace, shape: str) -> int:
-    if args.naive_rows is not None:
-        return int(args.naive_rows)
-    if shape == "4b":
-        return 4
-    if torch.cuda.is_available():
-        big = torch.cuda.get_device_properties(0).total_memory >= 100 * GIB
-        return 16 if big else 8
-    return 4
-
-
 def measure_naive(row: Row, args: argparse.Namespace, events: Events) -> dict[str, Any]:
-    """What a user writes instead: fp32 weights under bf16 autocast, fused AdamW, full logits."""
+    """What a user writes instead: the transformers model with float32 parameters under bf16
+    autocast (``row.weights`` float32) or with bf16 parameters (bfloat16), AdamW as rstar2 runs
+    it (fused on CUDA), padded micro-batches of the same token budget as rstar2's, the full
+    logits and a float32 log-softmax over them."""
     where = device()
-    model = build(row.shape, "sdpa", torch.float32)
+    weights = getattr(torch, row.weights) if where.type == "cuda" else torch.float32
+    model = build(row.shape, "sdpa", weights)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=where.type == "cuda")
+    optimizer = make_optimizer(model.parameters(), OptimizerConfig(lr=1e-6))
+    tokens = planned(row, args, model)["micro_batch_tokens"]
     build_s = events.elapsed()
     events.progress("model built")
     seqs = sequences(args.sequences, args.length, SHAPES[row.shape]["vocab_size"])
-    ids = torch.tensor([s.ids for s in seqs])
-    mask = torch.tensor([s.mask for s in seqs], dtype=torch.float32)[:, 1:]
-    trained = float(mask.sum())
-    rows = naive_rows(args, row.shape)
+    trained = float(sum(sum(s.mask[1:]) for s in seqs))
+    groups = []
+    for group in padded_groups(seqs, tokens):
+        width = max(len(s.ids) for s in group)
+        ids = torch.tensor([s.ids + [0] * (width - len(s.ids)) for s in group])
+        attention = torch.tensor([[1] * len(s.ids) + [0] * (width - len(s.ids)) for s in group])
+        mask = torch.tensor([s.mask[1:] + [0] * (width - len(s.ids)) for s in group])
+        groups.append((ids.to(where), attention.to(where), mask.to(where, torch.float32)))
+    autocast = weights == torch.float32 and where.type == "cuda"
 
     def step() -> None:
-        for start in range(0, len(seqs), rows):
-            chunk = ids[start : start + rows].to(where)
-            with torch.autocast(where.type, dtype=torch.bfloat16):
-                logits = model(input_ids=chunk).logits
+        for ids, attention, mask in groups:
+            with torch.autocast(where.type, dtype=torch.bfloat16, enabled=autocast):
+                logits = model(input_ids=ids, attention_mask=attention).logits
             log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-            picked = log_probs.gather(-1, chunk[:, 1:, None]).squeeze(-1)
-            loss = -(picked * mask[start : start + rows].to(where)).sum() / trained
+            picked = log_probs.gather(-1, ids[:, 1:, None]).squeeze(-1)
+            loss = -(picked * mask).sum() / trained
             loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -196,18 +184,27 @@ def measure_naive(row: Row, args: argparse.Namespace, events: Events) -> dict[st
     timing = timed_steps(step, args, events)
     parameters = sum(p.numel() for p in model.parameters())
     return update_result(
-        ids.numel(),
+        sum(len(s.ids) for s in seqs),
         parameters,
         timing,
         first_step_at=build_s + timing["first_update_s"],
         model_build_s=build_s,
-        naive_rows=rows,
+        micro_batch_tokens=tokens,
+        micro_batches=len(groups),
+        padded_tokens=sum(int(ids.numel()) for ids, _, _ in groups),
+        weights=str(weights).removeprefix("torch."),
     )
 
 
+def precision() -> Precision:
+    """rstar2's default policy on a GPU (bf16 compute, float32 masters); float32 on a CPU."""
+    compute = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return Precision(compute, torch.float32)
+
+
 def single_rank(model: Qwen3ForCausalLM, *, checkpointing: bool) -> TrainerRank:
-    """``model`` sharded by one FSDP2 rank: over NCCL with bf16 mixed precision (float32 master
-    weights) on a GPU, over gloo in float32 on a CPU."""
+    """``model`` sharded by one FSDP2 rank (NCCL on a GPU, gloo on a CPU) under rstar2's
+    default precision policy."""
     on_gpu = torch.cuda.is_available()
     rank = TrainerRank(0, threads=min(8, os.cpu_count() or 1))
     rank.setup(
@@ -216,13 +213,11 @@ def single_rank(model: Qwen3ForCausalLM, *, checkpointing: bool) -> TrainerRank:
             master_addr="127.0.0.1",
             master_port=free_port(),
             backend="nccl" if on_gpu else "gloo",
-            fsdp=FSDPConfig(
-                param_dtype="bfloat16" if on_gpu else None,
-                activation_checkpointing=checkpointing,
-            ),
+            fsdp=FSDPConfig(activation_checkpointing=checkpointing),
             optimizer=OptimizerConfig(lr=1e-6),
             schedule=ScheduleConfig(),
             total_steps=100,
+            precision=precision(),
         ),
         model,
     )
@@ -237,15 +232,21 @@ def loss_fn(total_tokens: int) -> Any:
 
 
 def planned(row: Row, args: argparse.Namespace, model: Qwen3ForCausalLM) -> dict[str, Any]:
-    """The micro-batch tokens and checkpointing of the row: for a planned row, what a stage's
-    memory plan picks on this GPU (the rank plans again at its first step); the estimate."""
-    fsdp = FSDPConfig(param_dtype="bfloat16")
-    settings = fsdp_settings(
-        fsdp,
-        torch.bfloat16,
-        ranks=1,
-        tokens=args.micro_batch_tokens,
+    """The micro-batch tokens and checkpointing of rstar2's side of ``row``: for a planned row,
+    what a stage's memory plan picks on this GPU (a rank plans again at its first step); the
+    estimate."""
+    attention = choose_attention(
+        row_attention(row, args), on_gpu=torch.cuda.is_available(), packed=row.packing
+    )
+    settings = memory_settings(
+        precision(),
+        micro_batch_tokens=args.micro_batch_tokens,
+        attention=attention.name,
+        device=device(),
+        packed=row.packing,
+        longest_sequence=max(len(s.ids) for s in row_sequences(row, args)),
         checkpointing=row.checkpointing,
+        ranks=1 if row.kind == "rstar2-fsdp" else None,
     )
     shape = ModelShape.of(model)
     found = device_memory(device(), MemoryConfig().usable_fraction)
@@ -269,36 +270,68 @@ def planned(row: Row, args: argparse.Namespace, model: Qwen3ForCausalLM) -> dict
     }
 
 
+def row_attention(row: Row, args: argparse.Namespace) -> str:
+    """The row's attention; ``--attention`` stands in for ``auto`` (rows that name one keep
+    it)."""
+    return str(args.attention) if row.attention == "auto" and args.attention else row.attention
+
+
+def row_sequences(row: Row, args: argparse.Namespace) -> list[TokenSequence]:
+    return sequences(args.sequences, args.length, SHAPES[row.shape]["vocab_size"])
+
+
 def measure_rstar2(row: Row, args: argparse.Namespace, events: Events) -> dict[str, Any]:
-    """One TrainerRank (FSDP2 over NCCL on a GPU, gloo on a CPU)."""
+    """rstar2's update: the in-process ``Actor`` (``rstar2``, what a stage on one GPU runs:
+    float32 master weights beside the bf16 model) or one ``TrainerRank`` (``rstar2-fsdp``,
+    FSDP2 over NCCL on a GPU, gloo on a CPU); ``token_logprobs`` with the fused head."""
     attention = choose_attention(
-        row.attention, on_gpu=torch.cuda.is_available(), packed=row.packing
+        row_attention(row, args), on_gpu=torch.cuda.is_available(), packed=row.packing
     )
-    model = build(row.shape, attention.name)
+    model = build(row.shape, attention.name, torch.float32)  # the masters' dtype
     parameters = sum(p.numel() for p in model.parameters())  # the tied head counted once
     plan = planned(row, args, model)
     built = events.elapsed()
     events.progress("model built")
-    rank = single_rank(model, checkpointing=plan["activation_checkpointing"])
+    fsdp = row.kind == "rstar2-fsdp"
+    rank: TrainerRank | None = None
+    actor: Actor | None = None
+    if fsdp:
+        rank = single_rank(model, checkpointing=plan["activation_checkpointing"])
+    else:
+        if plan["activation_checkpointing"]:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        actor = Actor(
+            model,  # type: ignore[arg-type]
+            OptimizerConfig(lr=1e-6),
+            ScheduleConfig(),
+            total_steps=100,
+            precision=precision(),
+        )
     setup_s = events.elapsed() - built
-    events.progress("rank set up")
+    events.progress("trainer set up")
     try:
-        seqs = sequences(args.sequences, args.length, SHAPES[row.shape]["vocab_size"])
+        seqs = row_sequences(row, args)
         batches = micro_batches(
             seqs,
             plan["micro_batch_tokens"],
             packing=row.packing,
             pad_id=0,
-            device=torch.device("cpu"),
+            device=torch.device("cpu") if fsdp else device(),
         )
         trained = sum(b.tokens for b in batches)
         own = list(range(len(batches)))
         startup: dict[str, float] = {}
-        compiled = compile_count()
+        seconds, graphs = compile_seconds(), compile_count()
 
         def step() -> None:
-            update = rank.update(batches, loss_fn(trained), own, len(own), 1.0)
-            startup.update(update.startup)
+            if rank is not None:
+                update = rank.update(batches, loss_fn(trained), own, len(own), 1.0)
+                startup.update(update.startup)
+            else:
+                assert actor is not None
+                actor.update(batches, loss_fn(trained))
 
         timing = timed_steps(step, args, events)
         result = update_result(
@@ -307,20 +340,23 @@ def measure_rstar2(row: Row, args: argparse.Namespace, events: Events) -> dict[s
             timing,
             first_step_at=built + setup_s + timing["first_update_s"],
             model_build_s=built,
-            rank_setup_s=setup_s,
-            compile_s=startup.get("startup/compile_s", 0.0),
-            compiled_graphs=compile_count() - compiled,
+            trainer_setup_s=setup_s,
+            compile_s=compile_seconds() - seconds,
+            compiled_graphs=compile_count() - graphs,
             attention=attention.name,
             attention_reason=attention.reason,
             packing=row.packing,
             micro_batches=len(batches),
+            padded_tokens=sum(int(b.input_ids.numel()) for b in batches),
             **plan,
         )
-        # The rank's own plan may have turned checkpointing on at its first step.
-        result["activation_checkpointing"] = bool(rank._model().is_gradient_checkpointing)
+        trained_model = rank._model() if rank is not None else model
+        # A rank's own plan may have turned checkpointing on at its first step.
+        result["activation_checkpointing"] = bool(trained_model.is_gradient_checkpointing)
         return result
     finally:
-        rank.close()
+        if rank is not None:
+            rank.close()
 
 
 def prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
@@ -386,20 +422,29 @@ def engine_requests(args: argparse.Namespace, vocab: int, seed: int) -> list[Gen
     ]
 
 
-def make_engine(shape: str, args: argparse.Namespace) -> TransformersEngine:
+def make_engine(
+    shape: str, args: argparse.Namespace, *, compile: bool = False
+) -> TransformersEngine:
+    """Slot decoding wherever the model allows it (on a CPU too, where ``auto`` would pick the
+    padded layout), so a CPU run exercises the GPU's path; ``compile`` under the bench's
+    compile budget."""
     config = TransformersEngineConfig(
         name="bench",
         kv_budget_tokens=args.requests * (args.prompt + args.new_tokens),
         max_batch_size=args.requests,
         seed=0,
+        decode="slots",
+        compile=compile,
+        compile_budget_s=args.engine_compile_budget_s,
     )
     return TransformersEngine(generation_model(shape), config)
 
 
 def measure_engine(row: Row, args: argparse.Namespace, events: Events) -> dict[str, Any]:
-    """TransformersEngine with every request in flight: a first pass that compiles (CUDA
-    graphs of the decode step, on CUDA), then the timed pass."""
-    engine = make_engine(row.shape, args)
+    """TransformersEngine with every request in flight: a first pass (which compiles the decode
+    step, CUDA graphs on CUDA, for ``row.compile``), then the timed pass. Both passes' times are
+    reported, so the compiled row's total can be set against the eager one's."""
+    engine = make_engine(row.shape, args, compile=row.compile)
     events.progress("model built")
     vocab = SHAPES[row.shape]["vocab_size"]
 
@@ -408,7 +453,7 @@ def measure_engine(row: Row, args: argparse.Namespace, events: Events) -> dict[s
             compiled, graphs = compile_seconds(), compile_count()
             sync()
             began = time.perf_counter()
-            events.progress("first pass started (compiles on CUDA)")
+            events.progress("first pass started" + (" (compiles)" if row.compile else ""))
             await asyncio.gather(*(engine.generate(r) for r in engine_requests(args, vocab, 10**6)))
             sync()
             first = time.perf_counter() - began
@@ -426,8 +471,12 @@ def measure_engine(row: Row, args: argparse.Namespace, events: Events) -> dict[s
             sync()
             elapsed = time.perf_counter() - began
         generated = sum(len(r.token_ids) for r in results)
+        batch = engine._batch
         return {
-            "decode": type(engine._batch).__name__,
+            "decode": type(batch).__name__,
+            "compile": row.compile,
+            # False once the compile budget or a compiler error turned compiling off.
+            "compiled_at_end": bool(getattr(batch, "compile", False)),
             "requests": args.requests,
             "generated_tokens": generated,
             "generate_s": elapsed,
@@ -440,14 +489,14 @@ def measure_engine(row: Row, args: argparse.Namespace, events: Events) -> dict[s
 
 
 def measure_weight_sync(row: Row, args: argparse.Namespace, events: Events) -> dict[str, Any]:
-    """The trainer side (the rank's full-weight gather) and the engine side
-    (``update_weights``) of one weight sync."""
-    rank = single_rank(build(row.shape, "sdpa"), checkpointing=False)
+    """The trainer side (the rank's full-weight gather, in the compute dtype) and the engine
+    side (``update_weights``) of one weight sync."""
+    rank = single_rank(build(row.shape, "sdpa", torch.float32), checkpointing=False)
     try:
         events.progress("rank set up")
         sync()
         began = time.perf_counter()
-        weights = rank.full_weights()
+        weights = rank.full_weights(rank.precision.compute)
         gather = time.perf_counter() - began
     finally:
         rank.close()
@@ -473,6 +522,7 @@ def measure_weight_sync(row: Row, args: argparse.Namespace, events: Events) -> d
 MEASURE: dict[str, Callable[[Row, argparse.Namespace, Events], dict[str, Any]]] = {
     "naive": measure_naive,
     "rstar2": measure_rstar2,
+    "rstar2-fsdp": measure_rstar2,
     "generate": measure_generate,
     "engine": measure_engine,
     "weight-sync": measure_weight_sync,

@@ -29,7 +29,8 @@ class Row:
     id: str
     """``shape/name``, e.g. ``0.6b/rstar2``."""
     kind: str
-    """naive, rstar2, generate, engine or weight-sync."""
+    """naive, rstar2 (in-process), rstar2-fsdp (one trainer rank), generate, engine or
+    weight-sync."""
     label: str
     cap_s: float
     attention: str = "auto"
@@ -39,6 +40,10 @@ class Row:
     """Fit micro-batch tokens and checkpointing to the GPU's free memory (a stage's plan)."""
     skip: str | None = None
     """Why the row cannot run on this machine (recorded, not run)."""
+    weights: str = "float32"
+    """naive rows: the parameters' dtype (float32 under bf16 autocast, or bfloat16)."""
+    compile: bool = False
+    """engine rows: compile the decode step."""
 
     @property
     def shape(self) -> str:
@@ -153,28 +158,34 @@ def run_rows(
     preload: list[str],
     caps: dict[str, float] | None = None,
     min_start_s: float = 10.0,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Every row in turn, each as ``target(row, settings, events file)`` in a process forked
     from a server that imported ``preload``, under ``min(its cap, what is left of
     budget_s)``; a row with less than ``min_start_s`` (or its cap, if smaller) left is recorded
-    as not run, a row with a ``skip`` reason as skipped."""
+    as not run, a row with a ``skip`` reason as skipped. ``on_row`` gets each outcome as soon as
+    it is known, so a run killed midway has reported the rows it finished."""
     caps = caps or {}
     started = time.perf_counter()
     start_forkserver(preload)
-    outcomes = []
+    outcomes: list[dict[str, Any]] = []
+
+    def record(outcome: dict[str, Any]) -> None:
+        outcomes.append(outcome)
+        if on_row is not None:
+            on_row(outcome)
+
     with tempfile.TemporaryDirectory(prefix="scale-gpu-") as folder:
         for row in rows:
             left = budget_s - (time.perf_counter() - started)
             cap = caps.get(row.id, row.cap_s)
             if row.skip is not None:
                 log(f"skip  {row.id}: {row.skip}")
-                outcomes.append(
-                    {"id": row.id, "label": row.label, "status": "skipped", "error": row.skip}
-                )
+                record({"id": row.id, "label": row.label, "status": "skipped", "error": row.skip})
                 continue
             if left < min(cap, min_start_s):
                 log(f"skip  {row.id}: {left:.0f} s of the budget left")
-                outcomes.append(
+                record(
                     {
                         "id": row.id,
                         "label": row.label,
@@ -187,7 +198,7 @@ def run_rows(
             log(f"start {row.id}: {row.label} (cap {duration(cap)}, {left:.0f} s of budget left)")
             outcome = run_isolated(target, row, settings, cap, Path(folder))
             log(f"end   {row.id}: {summary(outcome)}")
-            outcomes.append(outcome)
+            record(outcome)
     return outcomes
 
 

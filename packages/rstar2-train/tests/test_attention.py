@@ -26,7 +26,7 @@ def rl(tmp_path: Path, *overrides: str) -> StageConfig:
         (["placement.trainer.gpus=1"], "flex_attention"),
         (["placement.trainer.gpus=1", "model.dtype=bfloat16"], "varlen_attention"),
         (
-            ["placement.trainer.gpus=1", "placement.trainer.fsdp.param_dtype=bfloat16"],
+            ["placement.trainer.gpus=1", "model.dtype=bfloat16", "model.master_dtype=bfloat16"],
             "varlen_attention",
         ),
         (["placement.trainer.gpus=1", "rl.packing=false"], "sdpa"),

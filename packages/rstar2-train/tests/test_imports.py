@@ -65,5 +65,5 @@ def test_the_finder_reports_a_circle() -> None:
 def test_no_module_of_the_package_imports_itself_through_others() -> None:
     graph = import_graph()
     assert {"rstar2_train.modeling", "rstar2_train.placement.ranks"} <= set(graph)
-    assert "rstar2_train.devices" in graph["rstar2_train.placement.ranks"]
+    assert "rstar2_train.precision" in graph["rstar2_train.placement.ranks"]
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])

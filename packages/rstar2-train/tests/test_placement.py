@@ -35,6 +35,7 @@ from rstar2_train.placement.engines import (
     RayEngine,
 )
 from rstar2_train.placement.grading import GraderHost, GradersLostError, RayGrading
+from rstar2_train.precision import Precision
 from rstar2_train.rl.update import ENGINE_LOGPROBS, policy_update
 
 ray = pytest.importorskip("ray")
@@ -89,7 +90,11 @@ def distributed(ranks: int, seed: int = 0) -> DistributedActor:
         schedule,
         total_steps=10,
         placement=TrainerPlacement(ranks=ranks, cpus=0.25),
+        precision=FLOAT32,
     )
+
+
+FLOAT32 = Precision(torch.float32, torch.float32)  # the tiny models train in float32
 
 
 def single(seed: int = 0) -> Actor:
@@ -170,6 +175,7 @@ def test_optimizer_state_from_two_ranks_resumes_in_one_process(cluster: None) ->
         schedule,
         total_steps=10,
         placement=TrainerPlacement(ranks=1, cpus=0.25),
+        precision=FLOAT32,
     )
     try:
         resumed.load_optimizer_state(saved, resume=True)

@@ -71,37 +71,57 @@ def test_tiny_run_measures_every_row_in_its_own_process(tmp_path: Path) -> None:
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads(out.read_text())
     by_id = {row["id"]: row for row in results["rows"]}
-    assert list(by_id) == [
-        "tiny/naive", "tiny/rstar2", "tiny/generate", "tiny/engine", "tiny/weight-sync",
-        "tiny/packing-off", "tiny/sdpa-packed", "tiny/checkpointing", "tiny/flex",
+    order = [
+        "tiny/naive", "tiny/rstar2", "tiny/naive-bf16", "tiny/rstar2-fsdp", "tiny/generate",
+        "tiny/engine", "tiny/engine-compiled", "tiny/weight-sync", "tiny/packing-off",
+        "tiny/sdpa-packed", "tiny/checkpointing",
     ]  # fmt: skip
+    assert list(by_id) == order
+    # stdout: one JSON line per row as it ended, in order, then the summary with the ratios;
+    # the table went to stderr.
+    lines = [json.loads(line) for line in completed.stdout.splitlines()]
+    assert [line["id"] for line in lines[:-1]] == order
+    assert lines[-1]["summary"]["rows"] == results["rows"]
+    assert "| row | status | first step s | tokens/s |" in completed.stderr
     # The capped row was stopped and the rows after it still ran.
     assert by_id["tiny/packing-off"]["status"] == "timed out"
-    assert by_id["tiny/flex"]["status"] == "skipped"  # no FlexAttention backward on a CPU
     measured = [row for row in results["rows"] if row["status"] == "ok"]
-    assert len(measured) == 7
-    assert len({row["pid"] for row in measured}) == 7  # one process each
-    for name in ("naive", "rstar2", "sdpa-packed", "checkpointing"):
+    assert len(measured) == len(order) - 1
+    assert len({row["pid"] for row in measured}) == len(measured)  # one process each
+    for name in ("naive", "naive-bf16", "rstar2", "rstar2-fsdp", "sdpa-packed", "checkpointing"):
         row = by_id[f"tiny/{name}"]
-        assert row["tokens_per_step"] == 8 * 64
+        assert row["tokens_per_step"] == 8 * 64  # lengths 16 to 112, mean 64
         assert row["tokens_per_s"] > 0
         assert 0 < row["first_update_s"] <= row["time_to_first_step_s"]
-    for name in ("rstar2", "sdpa-packed", "checkpointing"):
+    # Both sides train the same real tokens in micro-batches of the same budget; the naive
+    # loop's padding is counted in its budget, not in its tokens/s.
+    naive, rstar2 = by_id["tiny/naive"], by_id["tiny/rstar2"]
+    assert naive["tokens_per_step"] == rstar2["tokens_per_step"]
+    assert naive["micro_batch_tokens"] == rstar2["micro_batch_tokens"] == 256
+    assert naive["padded_tokens"] > naive["tokens_per_step"]  # the lengths vary
+    for name in ("rstar2", "rstar2-fsdp", "checkpointing"):
         row = by_id[f"tiny/{name}"]
         assert row["speed_vs_naive"] > 0
-        assert row["attention"] == "sdpa"  # auto on a CPU
+        # The GPU's packed-row kernel, as its reference kernel on the CPU.
+        assert row["attention"] == "varlen_attention"
         assert row["compile_s"] == 0.0
         assert row["estimated_peak_gib"] > 0
+    assert by_id["tiny/sdpa-packed"]["attention"] == "sdpa"
     assert by_id["tiny/checkpointing"]["activation_checkpointing"] is True
     generate, engine = by_id["tiny/generate"], by_id["tiny/engine"]
+    compiled = by_id["tiny/engine-compiled"]
     assert generate["generated_tokens"] == engine["generated_tokens"] == 4 * 8
-    assert engine["decode"] == "PaddedBatch"
+    assert engine["decode"] == compiled["decode"] == "SlotBatch"
+    assert engine["compile_s"] == 0.0
+    # The compiled row compiled for real, overran its budget and decoded eagerly after.
+    assert compiled["compile"] is True
+    assert compiled["compile_s"] > 0
+    assert compiled["compiled_at_end"] is False
+    assert compiled["generated_tokens"] == 4 * 8
     assert engine["speed_vs_generate"] > 0
-    assert engine["first_pass_s"] > 0
     sync = by_id["tiny/weight-sync"]
     assert sync["gather_full_weights_s"] >= 0
     assert sync["engine_update_weights_s"] >= 0
-    assert "| row | status | first step s | tokens/s |" in completed.stdout
     assert "start tiny/naive" in completed.stderr
     assert "end   tiny/packing-off: timed out" in completed.stderr
 

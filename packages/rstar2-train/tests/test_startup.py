@@ -15,10 +15,11 @@ import torch
 from models import tiny_model
 from transformers.integrations import flex_attention
 
+from rstar2_scheduler.compilation import compile_count
 from rstar2_train import Actor, TokenSequence, micro_batches, startup, token_logprobs
 from rstar2_train.batching import collate
 from rstar2_train.config.schema import OptimizerConfig, ScheduleConfig
-from rstar2_train.startup import FirstStepClock, compile_count
+from rstar2_train.startup import FirstStepClock
 
 CPU = torch.device("cpu")
 

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from rstar2_train.data import load_rows as load_rows
     from rstar2_train.metrics import MetricsLog as MetricsLog
     from rstar2_train.metrics import read_metrics as read_metrics
+    from rstar2_train.precision import MasterWeights as MasterWeights
+    from rstar2_train.precision import Precision as Precision
     from rstar2_train.progress import LogReporter as LogReporter
     from rstar2_train.progress import Reporter as Reporter
     from rstar2_train.progress import RichReporter as RichReporter
@@ -58,6 +60,8 @@ _EXPORTS = {
     "DataOrder": "rstar2_train.data",
     "load_rows": "rstar2_train.data",
     "MetricsLog": "rstar2_train.metrics",
+    "MasterWeights": "rstar2_train.precision",
+    "Precision": "rstar2_train.precision",
     "read_metrics": "rstar2_train.metrics",
     "LogReporter": "rstar2_train.progress",
     "Reporter": "rstar2_train.progress",

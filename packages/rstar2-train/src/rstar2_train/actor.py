@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ from transformers.optimization import (
 
 from rstar2_train.batching import MicroBatch, token_logprobs
 from rstar2_train.config.schema import OptimizerConfig, ScheduleConfig
+from rstar2_train.precision import MASTER_STATE, MasterWeights, Precision
 
 LossFn = Callable[[int, MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
 """``(micro-batch index, micro-batch, its log-probs) -> (loss to backpropagate, metrics)``.
@@ -98,18 +99,26 @@ class TrainingActor(Protocol):
     def load_optimizer_state(self, state: dict[str, Any], *, resume: bool) -> None: ...
 
 
-def make_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on norms and biases)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+def make_optimizer(
+    parameters: Iterable[torch.nn.Parameter], config: OptimizerConfig
+) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on norms and biases), over the weights
+    the trainer updates (its master weights when it keeps them)."""
+    trainable = [p for p in parameters if p.requires_grad]
+    implementation = config.implementation
+    if implementation == "auto":
+        on_gpu = bool(trainable) and all(p.device.type == "cuda" for p in trainable)
+        implementation = "fused" if on_gpu else "foreach"
     return torch.optim.AdamW(
         [
-            {"params": decay, "weight_decay": config.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
+            {"params": [p for p in trainable if p.dim() >= 2], "weight_decay": config.weight_decay},
+            {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0},
         ],
         lr=config.lr,
         betas=config.betas,
         eps=config.eps,
+        fused=implementation == "fused",
+        foreach=implementation == "foreach",
     )
 
 
@@ -141,7 +150,9 @@ def make_schedule(
 
 
 class Actor:
-    """A model trained in this process (one device)."""
+    """A model trained in this process (one device), under ``precision``: with master weights
+    when it is mixed (``rstar2_train.precision``), the model itself computing in the compute
+    dtype."""
 
     def __init__(
         self,
@@ -150,12 +161,22 @@ class Actor:
         schedule: ScheduleConfig,
         *,
         total_steps: int,
+        precision: Precision | None = None,
     ) -> None:
         self.model = model
         self.model.train()
         self._device = next(model.parameters()).device
         self.grad_clip = optimizer.grad_clip
-        self.optimizer = make_optimizer(model, optimizer)
+        self.precision = precision or Precision(model.dtype, model.dtype)
+        self.masters: MasterWeights | None = None
+        if self.precision.mixed:
+            self.masters = MasterWeights(model, self.precision)
+            trained = self.masters.parameters()
+        else:
+            model.to(self.precision.compute)  # type: ignore[arg-type]  # transformers' stub
+            trained = list(model.parameters())
+        self.trained = trained
+        self.optimizer = make_optimizer(trained, optimizer)
         self.schedule = make_schedule(self.optimizer, schedule, total_steps)
 
     @property
@@ -171,11 +192,15 @@ class Actor:
         """Log-probs of each micro-batch's targets under the current weights."""
         return [token_logprobs(self.model, batch, temperature=temperature) for batch in batches]
 
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
+
     def update(
         self, batches: Sequence[MicroBatch], loss_fn: LossFn, *, temperature: float = 1.0
     ) -> UpdateStats:
         """Backpropagate ``loss_fn`` over every micro-batch, clip, and take one optimizer step."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         sums = MetricSums()
         weight = 0
         for index, batch in enumerate(batches):
@@ -185,13 +210,15 @@ class Actor:
             weight += batch.tokens
             sums.add(metrics, batch.tokens)
         limit = self.grad_clip if self.grad_clip is not None else math.inf
-        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit))
+        norm = float(torch.nn.utils.clip_grad_norm_(self.trained, limit))
         lr = self.lr
         skipped = not math.isfinite(norm)
         if skipped:
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_grad()
         else:
             self.optimizer.step()
+            if self.masters is not None:
+                self.masters.publish()
         self.schedule.step()
         return UpdateStats(grad_norm=norm, lr=lr, skipped=skipped, metrics=sums.means(weight))
 
@@ -200,19 +227,24 @@ class Actor:
         advance_schedule(self.schedule)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The full weights by ``state_dict`` name, for the engines."""
+        """The full weights by ``state_dict`` name (in the compute dtype), for the engines."""
         yield from self.model.state_dict().items()
 
     def export_model(self) -> PreTrainedModel:
         return self.model
 
     def optimizer_state(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict()}
+        state = {"optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict()}
+        if self.masters is not None:
+            state[MASTER_STATE] = self.masters.state_dict()
+        return state
 
     def load_optimizer_state(self, state: dict[str, Any], *, resume: bool) -> None:
-        """Restore the optimizer. Resuming this stage also restores the schedule position;
-        continuing from a previous stage keeps only the moments (this stage's hyperparameters
-        and schedule apply)."""
+        """Restore the optimizer and, when saved, the master weights. Resuming this stage also
+        restores the schedule position; continuing from a previous stage keeps only the moments
+        and master weights (this stage's hyperparameters and schedule apply)."""
+        if self.masters is not None and MASTER_STATE in state:
+            self.masters.load_state_dict(state[MASTER_STATE])
         if resume:
             self.optimizer.load_state_dict(state["optimizer"])
             self.schedule.load_state_dict(state["schedule"])

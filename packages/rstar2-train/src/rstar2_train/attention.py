@@ -137,6 +137,17 @@ def _parameters(function: Callable[..., Any]) -> frozenset[str]:
     return frozenset(inspect.signature(function).parameters)
 
 
+def varlen_takes_gqa() -> bool:
+    """Whether the installed ``varlen_attn`` reads grouped keys and values as they are
+    (``enable_gqa``); without it each key/value head is repeated for its query group, and the
+    repeated copies are what the backward pass keeps."""
+    if importlib.util.find_spec("torch.nn.attention.varlen") is None:
+        return False
+    from torch.nn.attention import varlen
+
+    return "enable_gqa" in _parameters(varlen.varlen_attn)
+
+
 def torch_varlen_kernel(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -154,7 +165,7 @@ def torch_varlen_kernel(
     parameters = _parameters(function)
     groups = _groups(query, key)
     options: dict[str, Any] = {}
-    if groups > 1 and "enable_gqa" in parameters:
+    if groups > 1 and varlen_takes_gqa():
         options["enable_gqa"] = True
     else:
         key, value = expand_kv(key, groups), expand_kv(value, groups)

@@ -37,12 +37,3 @@ def trainer_on_gpu(config: StageConfig) -> bool:
     if placement is not None:
         return placement.trainer.gpus > 0
     return resolve_device(config.model.device).type != "cpu"
-
-
-def compute_dtype(config: StageConfig) -> torch.dtype:
-    """The dtype the trainer's forward pass runs in: FSDP's ``param_dtype`` on Ray ranks that
-    set one, else ``model.dtype``."""
-    placement = stage_placement(config)
-    if placement is not None and placement.trainer.fsdp.param_dtype is not None:
-        return DTYPES[placement.trainer.fsdp.param_dtype]
-    return DTYPES[config.model.dtype]

@@ -1,18 +1,23 @@
 """Plan the trainer's memory before its first step, instead of learning it from an OOM.
 
 The peak of a training step is estimated from the model's shape (parameters, layers, hidden
-and MLP sizes, attention heads, vocabulary) and the settings that multiply it (weight and
-optimizer-state dtypes, sharding over ranks, micro-batch tokens, activation checkpointing):
+and MLP sizes, attention heads, vocabulary) and the settings that multiply it (the precision
+policy of ``rstar2_train.precision``, sharding over ranks, micro-batch tokens, activation
+checkpointing, the attention kernel). A step's memory peaks in one of two phases:
 
-- weights, gradients and AdamW's two moments in the weights' dtype, divided over the ranks
-  that shard them; under FSDP, the compute-dtype copies it gathers (the root's embeddings and
-  head for the whole step, two decoder layers in flight);
-- activations: per token and layer, what autograd keeps for a decoder layer (the norms' float32
-  inputs, q/k/v and the attention output, the MLP's four intermediates) with a
-  FlashAttention-style kernel that keeps no scores; with checkpointing only each layer's input,
-  plus one layer recomputed in the backward pass;
-- the fused LM head's chunk of logits and its float32 weight-gradient buffer, and a backward
-  working set of one layer's activations.
+- the backward pass: the weights the optimizer updates, their gradients and AdamW's two
+  moments (divided over the ranks that shard them); the compute-dtype copies of the weights
+  (a trainer in this process keeps all of them beside its master weights; FSDP gathers the
+  root's embeddings and head for the step and two decoder layers at a time); the
+  compute-dtype gradients not yet added to the masters (the root's, held until the embedding's
+  backward, and one layer's); what autograd keeps for the backward pass (``activation_bytes``
+  per token and decoder layer, counted with saved-tensor hooks in the tests, or each layer's
+  input alone under checkpointing, plus the final norm and the hidden states the fused LM
+  head keeps); and the larger of the fused head's backward (one chunk of logits and
+  probabilities, the float32 weight-gradient accumulator) and one layer's backward (the
+  layer recomputed under checkpointing, else its gradient working set);
+- the optimizer step: the same weights and states, plus torch's multi-tensor (``foreach``)
+  AdamW's temporary of one master-dtype copy of the weights (the fused kernel has none).
 
 The estimate is compared with what the device has free (times ``memory.usable_fraction``, for
 fragmentation and kernel workspaces). When it does not fit, the plan shrinks micro-batch tokens
@@ -25,18 +30,23 @@ It is an estimate: the figures it logged beside the peaks measured on a GPU are 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from rstar2_train.config.schema import FSDPConfig, MemoryConfig, ModelConfig, StageConfig
+from rstar2_train.attention import VARLEN_ATTENTION, varlen_takes_gqa
+from rstar2_train.config.schema import MemoryConfig, ModelConfig, StageConfig
 from rstar2_train.devices import DTYPES, resolve_device, stage_placement
+from rstar2_train.precision import Precision
 
 logger = logging.getLogger(__name__)
 
 GIB = 2**30
 FLOAT32 = 4
+INT64 = 8
 HEAD_CHUNK_LOGITS = 64 * 2**20
 """Logits per chunk of the fused LM head on an accelerator (``rstar2_algo.fused_head``)."""
 HEAD_CHUNK_ROWS = 1024
@@ -58,6 +68,8 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     vocab: int
+    qk_norm: bool = False
+    """Per-head RMSNorms on queries and keys (Qwen3)."""
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> ModelShape:
@@ -70,11 +82,17 @@ class ModelShape:
             if isinstance(module, torch.nn.ModuleList) and len(module) == layers:
                 in_layers = sum(p.numel() for p in module.parameters())
                 break
-        return cls.from_config(config, parameters, parameters - in_layers)
+        qk_norm = any(name.endswith(".q_norm") for name, _ in model.named_modules())
+        return cls.from_config(config, parameters, parameters - in_layers, qk_norm=qk_norm)
 
     @classmethod
     def from_config(
-        cls, config: PretrainedConfig, parameters: int, root_parameters: int
+        cls,
+        config: PretrainedConfig,
+        parameters: int,
+        root_parameters: int,
+        *,
+        qk_norm: bool = False,
     ) -> ModelShape:
         hidden = int(config.hidden_size)
         heads = int(config.num_attention_heads)
@@ -88,97 +106,214 @@ class ModelShape:
             kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
             head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
             vocab=int(config.vocab_size),
+            qk_norm=qk_norm,
         )
 
-    def activation_bytes(self, compute: int) -> int:
-        """Bytes autograd keeps per token and decoder layer, without checkpointing."""
-        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        norms = 2 * h * (FLOAT32 + compute)  # input and post-attention RMSNorm
-        qk_norms = (q + kv) * (FLOAT32 + compute)  # per-head q/k norms (Qwen3)
-        attention = compute * (q + 2 * kv) + compute * q + FLOAT32 * self.heads  # q, k, v, out, lse
-        mlp = 4 * compute * self.intermediate  # gate, act(gate), up, act(gate) * up
+    @property
+    def layer_parameters(self) -> int:
+        return (self.parameters - self.root_parameters) // max(self.layers, 1)
+
+    def activation_bytes(self, compute: int, *, kv_repeated: bool = False) -> int:
+        """Bytes autograd keeps per token and decoder layer, without checkpointing, with an
+        attention kernel that keeps no scores (FlashAttention and torch's other fused kernels):
+
+        - each RMSNorm (before attention, before the MLP) its float32 input, the normalised
+          input (for its weight's gradient) and 1/rms; its output is the next projections'
+          saved input;
+        - Qwen3's per-head query and key norms the same, per head (their outputs go through
+          the rotary embedding, whose backward needs only cos and sin);
+        - attention its query, key, value, output and float32 log-sum-exp; keys and values
+          are repeated to every query head when the kernel cannot read them grouped
+          (``kv_repeated``);
+        - the MLP its gate, activation, up projection and their product.
+        """
+        h, q = self.hidden, self.heads * self.head_dim
+        kv = self.kv_heads * self.head_dim
+        attended_kv = q if kv_repeated else kv
+        norms = 2 * (h * (FLOAT32 + 2 * compute) + FLOAT32)
+        qk_norms = 0
+        if self.qk_norm:
+            qk_norms = (q + kv) * (FLOAT32 + compute) + FLOAT32 * (self.heads + self.kv_heads)
+        attention = compute * (2 * q + 2 * attended_kv) + FLOAT32 * self.heads
+        mlp = 4 * compute * self.intermediate
         return norms + qk_norms + attention + mlp
+
+    def root_activation_bytes(self, compute: int) -> int:
+        """Bytes autograd keeps per token outside the decoder layers: the final norm's (its
+        float32 input, 1/rms, the normalised input and its output, which the fused LM head
+        keeps for its backward pass), the rotary tables every layer reads (cos and sin), and
+        the integer token ids, labels and positions."""
+        rotary = 2 * self.head_dim * compute
+        return self.hidden * (FLOAT32 + 2 * compute) + FLOAT32 + rotary + 3 * INT64
 
 
 @dataclass(frozen=True)
 class MemorySettings:
     """The trainer settings that set its memory, besides the model."""
 
-    weight_bytes: int
-    """Bytes per element of the weights the optimizer updates (its moments are the same)."""
+    master_bytes: int
+    """Bytes per element of the weights the optimizer updates, its moments and accumulated
+    gradients."""
     compute_bytes: int
-    """Bytes per element of activations (and of FSDP's gathered parameters)."""
+    """Bytes per element of activations and of the compute-dtype weights."""
     micro_batch_tokens: int
     longest_sequence: int = 0
     """A sequence longer than the micro-batch budget gets a micro-batch of its own."""
     checkpointing: bool = False
     shards: int = 1
     """Ranks that shard weights, gradients and optimizer state (FSDP)."""
-    gathered: bool = False
-    """Parameters are gathered into compute-dtype copies for the forward pass (FSDP)."""
+    fsdp: bool = False
+    """FSDP2 ranks (parameters gathered a layer at a time); else a model in one process."""
+    kv_repeated: bool = False
+    """The attention kernel keeps keys and values repeated to every query head."""
+    mask: Literal["none", "packed", "padded"] = "none"
+    """Attention through a dense mask that every layer keeps (``sdpa`` over packed rows: a
+    micro-batch's tokens per token; over padded rows: a row's width per token)."""
+    foreach_step: bool = False
+    """The optimizer step is torch's multi-tensor AdamW (a temporary copy of the weights)."""
 
     @property
     def tokens(self) -> int:
         """Tokens in the largest micro-batch."""
         return max(self.micro_batch_tokens, self.longest_sequence)
 
+    @property
+    def mixed(self) -> bool:
+        return self.master_bytes != self.compute_bytes
+
+    @property
+    def mask_columns(self) -> int:
+        if self.mask == "packed":
+            return self.tokens
+        if self.mask == "padded":
+            return self.longest_sequence or self.tokens
+        return 0
+
+
+def memory_settings(
+    precision: Precision,
+    *,
+    micro_batch_tokens: int,
+    attention: str,
+    device: torch.device,
+    packed: bool,
+    longest_sequence: int = 0,
+    checkpointing: bool = False,
+    ranks: int | None = None,
+    optimizer: str = "auto",
+) -> MemorySettings:
+    """The settings of a trainer in this process (``ranks`` None) or of FSDP2 trainer ranks,
+    from its precision policy, attention kernel and AdamW implementation."""
+    gpu = device.type == "cuda"
+    mask: Literal["none", "packed", "padded"] = "none"
+    if attention == VARLEN_ATTENTION:
+        # On CUDA torch's kernel; elsewhere the reference kernel, which repeats them.
+        kv_repeated = not (gpu and varlen_takes_gqa())
+    else:
+        # transformers' sdpa reads grouped keys and values only when there is no mask; packed
+        # rows and padded rows of unequal lengths have one.
+        kv_repeated = True
+        mask = "packed" if packed else "padded"
+    foreach = optimizer == "foreach" or (optimizer == "auto" and not gpu)
+    return MemorySettings(
+        master_bytes=precision.master.itemsize,
+        compute_bytes=precision.compute.itemsize,
+        micro_batch_tokens=micro_batch_tokens,
+        longest_sequence=longest_sequence,
+        checkpointing=checkpointing,
+        shards=ranks or 1,
+        fsdp=ranks is not None,
+        kv_repeated=kv_repeated,
+        mask=mask,
+        foreach_step=foreach,
+    )
+
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes of a training step's peak, by part."""
+    """Bytes of a training step's peak, by part (see the module docstring)."""
 
     weights: int
+    """The weights the optimizer updates (this rank's shard)."""
+    compute_weights: int
+    """Compute-dtype copies of the weights (all of them in one process; FSDP's gathered)."""
     gradients: int
+    """Accumulated gradients, and compute-dtype gradients not yet accumulated."""
     optimizer: int
-    gathered: int
     activations: int
-    head: int
-    working: int
+    """What autograd keeps for the backward pass, at its start."""
+    backward: int
+    """The larger of the fused head's backward and one layer's."""
+    step: int
+    """The optimizer step's temporaries."""
+
+    @property
+    def states(self) -> int:
+        return self.weights + self.compute_weights + self.gradients + self.optimizer
 
     @property
     def total(self) -> int:
-        return (
-            self.weights
-            + self.gradients
-            + self.optimizer
-            + self.gathered
-            + self.activations
-            + self.head
-            + self.working
-        )
+        return self.states + max(self.activations + self.backward, self.step)
 
     def describe(self) -> str:
-        parts = ("weights", "gradients", "optimizer", "gathered", "activations", "head")
-        shown = [f"{name} {getattr(self, name) / GIB:.1f}" for name in parts if getattr(self, name)]
+        parts = ("weights", "compute_weights", "gradients", "optimizer", "activations")
+        shown = [
+            f"{name.replace('_', ' ')} {getattr(self, name) / GIB:.1f}"
+            for name in parts
+            if getattr(self, name)
+        ]
         return f"{self.total / GIB:.1f} GiB ({', '.join(shown)})"
+
+
+def head_backward_bytes(shape: ModelShape, settings: MemorySettings) -> int:
+    """The fused LM head's backward pass (``rstar2_algo.fused_head``): a chunk of logits in the
+    compute dtype and their float32 probabilities and gradient (in place), and, for a
+    low-precision head, the float32 weight-gradient accumulator beside its final cast."""
+    rows = max(HEAD_CHUNK_ROWS, HEAD_CHUNK_LOGITS // shape.vocab)
+    chunk = min(rows, settings.tokens) * shape.vocab * (settings.compute_bytes + FLOAT32)
+    head = shape.vocab * shape.hidden
+    if settings.compute_bytes < FLOAT32:
+        return head * FLOAT32 + max(chunk, head * settings.compute_bytes)
+    return chunk
 
 
 def estimate_peak(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate:
     """The estimated peak memory of one training step (see the module docstring)."""
     s = settings
+    compute, master = s.compute_bytes, s.master_bytes
     per_rank = -(-shape.parameters // s.shards)
-    layer_parameters = (shape.parameters - shape.root_parameters) // max(shape.layers, 1)
-    gathered = 0
-    if s.gathered:
-        gathered = s.compute_bytes * (shape.root_parameters + 2 * layer_parameters)
-    per_token = shape.activation_bytes(s.compute_bytes)
-    tokens = s.tokens
-    if s.checkpointing:
-        activations = shape.layers * tokens * shape.hidden * s.compute_bytes + tokens * per_token
+    layer = shape.layer_parameters
+    if s.fsdp:
+        compute_weights = compute * (shape.root_parameters + 2 * layer) if s.mixed else 0
+        # The gathered root and layer gradients before their reduce-scatter (unsharded).
+        pending = compute * (shape.root_parameters + layer)
+        gradients = per_rank * master + pending
+    elif s.mixed:
+        compute_weights = compute * shape.parameters
+        pending = compute * (shape.root_parameters + layer)
+        gradients = shape.parameters * master + pending
     else:
-        activations = shape.layers * tokens * per_token
-    rows = max(HEAD_CHUNK_ROWS, HEAD_CHUNK_LOGITS // shape.vocab)
-    head = min(rows, tokens) * shape.vocab * (s.compute_bytes + 2 * FLOAT32)
-    if s.compute_bytes < FLOAT32:  # the head's weight gradient accumulates in float32
-        head += shape.vocab * shape.hidden * FLOAT32
+        compute_weights = 0
+        gradients = shape.parameters * compute
+    tokens = s.tokens
+    per_token = shape.activation_bytes(compute, kv_repeated=s.kv_repeated)
+    per_token += s.mask_columns * compute
+    root = tokens * shape.root_activation_bytes(compute)
+    if s.checkpointing:
+        activations = shape.layers * tokens * shape.hidden * compute + root
+    else:
+        activations = shape.layers * tokens * per_token + root
+    # One layer's backward: the layer recomputed under checkpointing, else a gradient working
+    # set bounded by the activations the layer kept.
+    layer_backward = tokens * per_token
     return MemoryEstimate(
-        weights=per_rank * s.weight_bytes,
-        gradients=per_rank * s.weight_bytes + layer_parameters * s.compute_bytes,
-        optimizer=2 * per_rank * s.weight_bytes,
-        gathered=gathered,
+        weights=per_rank * master,
+        compute_weights=compute_weights,
+        gradients=gradients,
+        optimizer=2 * per_rank * master,
         activations=activations,
-        head=head,
-        working=tokens * per_token,
+        backward=max(head_backward_bytes(shape, s), layer_backward),
+        step=per_rank * master if s.foreach_step else 0,
     )
 
 
@@ -223,23 +358,6 @@ def _candidates(
         for mode in modes
         for size in sizes
     ]
-
-
-def fsdp_settings(
-    fsdp: FSDPConfig, model_dtype: torch.dtype, *, ranks: int, tokens: int, checkpointing: bool
-) -> MemorySettings:
-    """The memory settings of FSDP2 trainer ranks (``placement.ranks``): float32 master weights
-    under mixed precision (``fsdp.param_dtype``), else the model's dtype throughout."""
-    compute = DTYPES[fsdp.param_dtype] if fsdp.param_dtype is not None else model_dtype
-    weights = torch.float32 if fsdp.param_dtype is not None else model_dtype
-    return MemorySettings(
-        weight_bytes=weights.itemsize,
-        compute_bytes=compute.itemsize,
-        micro_batch_tokens=tokens,
-        checkpointing=checkpointing,
-        shards=ranks,
-        gathered=True,
-    )
 
 
 def plan_memory(
@@ -334,11 +452,15 @@ def engines_beside(config: StageConfig, shape: ModelShape, total: int) -> int:
     return rl.engines.count * per_engine
 
 
-def plan_stage_memory(config: StageConfig) -> tuple[StageConfig, MemoryPlan | None]:
+def plan_stage_memory(
+    config: StageConfig, *, longest_prompt: Callable[[], int] | None = None
+) -> tuple[StageConfig, MemoryPlan | None]:
     """For a stage that trains in this process on a CUDA device (``memory.plan``): its memory
     plan, and the config with the plan's micro-batch tokens and activation checkpointing
-    (``model.gradient_checkpointing``). Other stages are returned as they are (Ray trainer
-    ranks plan on their own devices, at their first step)."""
+    (``model.gradient_checkpointing``). An RL stage's longest sequence is its longest prompt
+    (``longest_prompt()`` tokens, asked for only when there is a plan to make) and the response
+    budget. Other stages are returned as they are (Ray trainer ranks plan on their own devices,
+    at their first step)."""
     memory: MemoryConfig = config.memory
     device = resolve_device(config.model.device)
     if not memory.plan or stage_placement(config) is not None:
@@ -353,18 +475,22 @@ def plan_stage_memory(config: StageConfig) -> tuple[StageConfig, MemoryPlan | No
     shape = meta_shape(config.model, train.vocab_size if train is not None else None)
     beside = engines_beside(config, shape, total)
     longest = (
-        config.sft.max_seq_len if config.sft is not None else config.rollout.max_response_tokens
+        config.sft.max_seq_len
+        if config.sft is not None
+        else (longest_prompt() if longest_prompt else 0) + config.rollout.max_response_tokens
     )
-    dtype = DTYPES[config.model.dtype].itemsize
     shared_prefix = config.rl is not None and config.rl.shared_prefix
     plan = plan_memory(
         shape,
-        MemorySettings(
-            weight_bytes=dtype,
-            compute_bytes=dtype,
+        memory_settings(
+            Precision.of(config),
             micro_batch_tokens=section.micro_batch_tokens,
+            attention=config.model.attn_implementation,
+            device=device,
+            packed=section.packing,
             longest_sequence=longest,
             checkpointing=config.model.gradient_checkpointing,
+            optimizer=config.optimizer.implementation,
         ),
         budget=usable - beside,
         min_micro_batch_tokens=memory.min_micro_batch_tokens,
@@ -373,7 +499,7 @@ def plan_stage_memory(config: StageConfig) -> tuple[StageConfig, MemoryPlan | No
         settings_to_change=f"{config.kind}.micro_batch_tokens or memory.min_micro_batch_tokens, "
         "model.gradient_checkpointing"
         + (" (with rl.shared_prefix=false)" if shared_prefix else "")
-        + ", model.dtype, or shard the trainer over Ray ranks (placement)",
+        + ", model.dtype or model.master_dtype, or shard the trainer over Ray ranks (placement)",
     )
     if beside:
         logger.info("memory plan: %.1f GiB held by the engines beside the trainer", beside / GIB)

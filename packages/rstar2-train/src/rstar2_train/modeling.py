@@ -23,7 +23,7 @@ from rstar2_scheduler import ChatProtocol, install_chat_template
 from rstar2_scheduler.protocol import SPECIAL_TOKENS
 from rstar2_train.attention import VARLEN_ATTENTION, varlen_unavailable
 from rstar2_train.config.schema import ModelConfig, StageConfig, TokenizerTraining
-from rstar2_train.devices import DTYPES, compute_dtype, trainer_on_gpu
+from rstar2_train.devices import DTYPES, trainer_on_gpu
 from rstar2_train.devices import resolve_device as resolve_device  # re-exported
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def resolve_attention(config: StageConfig) -> tuple[StageConfig, AttentionChoice
     section = config.sft if config.sft is not None else config.rl
     packed = section is not None and section.packing
     choice = choose_attention(
-        "auto", on_gpu=trainer_on_gpu(config), packed=packed, dtype=compute_dtype(config)
+        "auto", on_gpu=trainer_on_gpu(config), packed=packed, dtype=DTYPES[config.model.dtype]
     )
     logger.info("model.attn_implementation auto -> %s (%s)", choice.name, choice.reason)
     model = config.model.model_copy(update={"attn_implementation": choice.name})
@@ -176,14 +176,20 @@ def bootstrap_chat(training: TokenizerTraining) -> ChatProtocol:
 
 
 def build_model(
-    config: ModelConfig, tokenizer: PreTrainedTokenizerBase, *, seed: int
+    config: ModelConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    seed: int,
+    dtype: torch.dtype | None = None,
 ) -> PreTrainedModel:
-    """The policy: loaded from ``config.path``, or new random weights from ``config.init``.
+    """The policy: loaded from ``config.path``, or new random weights from ``config.init``, in
+    ``dtype`` (default ``model.dtype``; a trainer keeping master weights loads them in their
+    own dtype, so a float32 checkpoint keeps its precision).
 
     ``attn_implementation: auto`` is resolved per stage (``resolve_attention``); a model built
     outside a stage gets ``sdpa`` for it.
     """
-    dtype = DTYPES[config.dtype]
+    dtype = dtype or DTYPES[config.dtype]
     attention = choose_attention(config.attn_implementation, on_gpu=False, packed=False).name
     if config.path is not None:
         check_source(config.path, "model.path")

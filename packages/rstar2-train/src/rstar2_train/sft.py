@@ -122,7 +122,9 @@ class SFTTrainer:
         )
         total = sft.max_steps or math.ceil((sft.epochs or 1.0) * len(sequences) / sft.batch_size)
         model = run.model(tokenizer)
-        actor = Actor(model, config.optimizer, config.schedule, total_steps=total)
+        actor = Actor(
+            model, config.optimizer, config.schedule, total_steps=total, precision=run.precision
+        )
         order = DataOrder(len(sequences), seed=config.seed, shuffle=config.data.shuffle)
         run.restore(actor, tokenizer, order)
         pad = int(tokenizer.pad_token_id or 0)

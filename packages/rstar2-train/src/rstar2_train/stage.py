@@ -38,6 +38,7 @@ from rstar2_train.modeling import (
     train_tokenizer,
 )
 from rstar2_train.plots import write_plots
+from rstar2_train.precision import Precision
 from rstar2_train.progress import LogReporter, Reporter
 from rstar2_train.run_dir import RunDir
 from rstar2_train.startup import FirstStepClock
@@ -73,16 +74,11 @@ class StageRun:
         # `auto` chose and what the memory plan changed on this machine are noted in
         # config.yaml as comments.
         config, choice = resolve_attention(config)
-        notes = []
-        if choice is not None:
-            notes.append(f"model.attn_implementation auto: {choice.name} ({choice.reason})")
-        config, plan = plan_stage_memory(config)
-        if plan is not None and plan.changes:
-            notes.append(plan.describe())
-        if notes:
-            text = "".join(f"# {note}\n" for note in notes)
-            atomic_write_text(self.dir.config, self.dir.config.read_text() + text)
         self.config = config
+        if choice is not None:
+            self._note(f"model.attn_implementation auto: {choice.name} ({choice.reason})")
+        if config.kind == "sft":
+            self.plan_memory()
         self.reporter: Reporter = reporter or LogReporter()
         found = list_checkpoints(self.dir.checkpoints) if resume else []
         self.checkpoint: Path | None = found[-1] if found else None
@@ -122,6 +118,19 @@ class StageRun:
             wandb=self.wandb,
         )
 
+    def _note(self, note: str) -> None:
+        """A comment at the end of the run's config.yaml."""
+        atomic_write_text(self.dir.config, self.dir.config.read_text() + f"# {note}\n")
+
+    def plan_memory(self, *, longest_prompt: Callable[[], int] | None = None) -> None:
+        """The memory plan (``rstar2_train.memory``) applied to ``config``, and noted in
+        config.yaml when it changed a setting. SFT stages plan as they start; an RL stage once
+        it can tokenize its prompts (``longest_prompt()`` tokens at most), before its model is
+        built."""
+        self.config, plan = plan_stage_memory(self.config, longest_prompt=longest_prompt)
+        if plan is not None and plan.changes:
+            self._note(plan.describe())
+
     def _check_sources(self) -> None:
         """The model and tokenizer can be loaded (local folder, reachable hub or hub cache):
         checked before the data is built, so a wrong path fails in seconds."""
@@ -146,15 +155,26 @@ class StageRun:
         assert path is not None  # the schema requires a tokenizer source
         return load_tokenizer(path, trust_remote_code=config.model.trust_remote_code)
 
+    @property
+    def precision(self) -> Precision:
+        """The trainer's number formats (``rstar2_train.precision``)."""
+        return Precision.of(self.config)
+
     def model(self, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
-        """The policy at the starting point, on the trainer's device."""
+        """The policy at the starting point, on the trainer's device, in the dtype of the
+        weights the trainer updates (the actor casts what computes)."""
         model_config = self.config.model
         if self.checkpoint is not None:
             model_config = model_config.model_copy(
                 update={"path": str(self.checkpoint), "init": None}
             )
         with self.clock.model_build():
-            model = build_model(model_config, tokenizer, seed=self.config.seed)
+            model = build_model(
+                model_config,
+                tokenizer,
+                seed=self.config.seed,
+                dtype=self.precision.master,
+            )
             model.to(self.device)  # type: ignore[arg-type]  # transformers' stub of .to is wrong
         return model
 

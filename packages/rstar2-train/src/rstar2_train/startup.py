@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,31 +18,12 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from rstar2_scheduler.compilation import compile_seconds
+
 logger = logging.getLogger(__name__)
 
 _announced: set[str] = set()
 _active: FirstStepClock | None = None
-
-
-def compile_count() -> int:
-    """Graphs ``torch.compile`` has compiled in this process so far (recompilations
-    included); 0 when the compiler was never imported."""
-    if "torch._dynamo" not in sys.modules:
-        return 0
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-def compile_seconds() -> float:
-    """Seconds this process has spent compiling with ``torch.compile``: torch's own timers of
-    whole-frame compilation and of the backward graphs it compiles at their first use."""
-    if "torch._dynamo" not in sys.modules:
-        return 0.0
-    from torch._dynamo.utils import compilation_time_metrics
-
-    timers = ("_compile.compile_inner", "backward._backward_impl")
-    return float(sum(sum(compilation_time_metrics.get(name, [])) for name in timers))
 
 
 def announce_compile(what: str) -> None:

@@ -52,7 +52,16 @@ class ModelConfig(_Section):
     )
     init: ModelInit | None = Field(default=None, description="Or: build a new random model.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        default="bfloat16", description="Parameter dtype for training and engines."
+        default="bfloat16",
+        description="Compute dtype: the trainer's forward and backward passes, the weights "
+        "engines generate with and checkpoints are saved in.",
+    )
+    master_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32",
+        description="dtype of the weights the optimizer updates, of its AdamW moments and of "
+        "accumulated gradients, on every trainer path (one process or Ray ranks). float32 keeps "
+        "updates that bf16 weights would round away (at lr 1e-6, most of them); set it to "
+        "model.dtype to train without master weights (8 bytes per parameter less).",
     )
     attn_implementation: Literal[
         "auto", "varlen_attention", "sdpa", "flex_attention", "eager", "flash_attention_2"
@@ -79,6 +88,16 @@ class ModelConfig(_Section):
     @model_validator(mode="after")
     def _one_source(self) -> Self:
         _exactly_one(self, ("path", "init"))
+        return self
+
+    @model_validator(mode="after")
+    def _master_holds_compute(self) -> Self:
+        if self.master_dtype not in ("float32", self.dtype):
+            raise ValueError(
+                f"master_dtype: {self.master_dtype} cannot hold the {self.dtype} weights the "
+                "trainer computes with (expected float32, or the same as model.dtype for pure "
+                f"{self.dtype} training)"
+            )
         return self
 
 
@@ -175,6 +194,12 @@ class OptimizerConfig(_Section):
     eps: float = Field(default=1e-8, gt=0)
     weight_decay: float = Field(default=0.01, ge=0)
     grad_clip: float | None = Field(default=1.0, gt=0, description="Max global grad norm.")
+    implementation: Literal["auto", "fused", "foreach", "for-loop"] = Field(
+        default="auto",
+        description="torch's AdamW kernels: fused (one kernel for all parameters), foreach "
+        "(batched per operation), for-loop (per parameter). auto: fused when the weights are "
+        "on a GPU, else foreach (torch's own default).",
+    )
     load_state: bool = Field(
         default=False,
         description="Continue from the optimizer state saved with model.path (a previous "
@@ -404,13 +429,11 @@ class ValidationConfig(_Section):
 class FSDPConfig(_Section):
     """FSDP2 (``torch.distributed.fsdp.fully_shard``) options of the trainer ranks."""
 
-    param_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        default=None,
-        description="Mixed precision: dtype of the gathered parameters in forward/backward "
-        "(the sharded master weights stay float32); None: no mixed precision.",
-    )
     reduce_dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32", description="Mixed precision: dtype of the gradient reduce-scatter."
+        default="float32",
+        description="dtype of the gradient reduce-scatter between ranks (bfloat16 halves its "
+        "bytes; gradients still accumulate in model.master_dtype). Number formats are set for "
+        "every trainer path by model.dtype and model.master_dtype.",
     )
     reshard_after_forward: bool = Field(
         default=True, description="Free gathered parameters after forward (ZeRO-3); else ZeRO-2."
@@ -418,6 +441,17 @@ class FSDPConfig(_Section):
     activation_checkpointing: bool = Field(
         default=False, description="Recompute each decoder layer's activations in backward."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_param_dtype(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "param_dtype" in data:
+            raise ValueError(
+                "param_dtype is no longer an FSDP setting: every trainer path computes in "
+                "model.dtype and keeps master weights and AdamW moments in model.master_dtype "
+                "(float32 by default); remove placement.trainer.fsdp.param_dtype"
+            )
+        return data
 
 
 class TrainerPlacement(_Section):

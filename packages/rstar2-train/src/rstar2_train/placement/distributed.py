@@ -24,6 +24,7 @@ from rstar2_train.config.schema import (
     TrainerPlacement,
 )
 from rstar2_train.placement.ranks import RankSetup, RankUpdate, TrainerRank
+from rstar2_train.precision import Precision
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ class DistributedActor:
     """``Actor``'s surface over ``placement.ranks`` FSDP2 ranks in Ray actors.
 
     ``model`` is the policy at its starting point, in this process (on the CPU): ranks shard
-    a copy of it, and it receives the full weights again for each checkpoint.
+    a copy of it (their master weights, in ``precision.master``); it is then kept in the
+    compute dtype and receives the full weights again for each checkpoint.
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class DistributedActor:
         scheduling: Sequence[Any] | None = None,
         name: str = "trainer",
         memory: MemoryConfig | None = None,
+        precision: Precision,
     ) -> None:
         import ray
 
@@ -86,10 +89,14 @@ class DistributedActor:
             optimizer=optimizer,
             schedule=schedule,
             total_steps=total_steps,
+            precision=precision,
             memory=memory or MemoryConfig(),
         )
         shared = ray.put(model)
         self._all("setup", setup, shared)
+        del shared
+        model.to(precision.compute)  # type: ignore[arg-type]  # transformers' stub of .to
+        self.precision = precision
         self._lr = float(ray.get(self.ranks[0].lr.remote()))
         logger.info("trainer: %d %s ranks (FSDP2)", world, backend)
 
@@ -167,7 +174,7 @@ class DistributedActor:
             yield from ray.get(ref).items()
 
     def export_model(self) -> PreTrainedModel:
-        weights = self._all("full_weights")[0]
+        weights = self._all("full_weights", self.precision.compute)[0]
         self._model.load_state_dict(weights)
         return self._model
 

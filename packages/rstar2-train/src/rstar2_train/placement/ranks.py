@@ -19,12 +19,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
     get_optimizer_state_dict,
+    set_model_state_dict,
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from transformers import PreTrainedModel
 
 from rstar2_train.actor import (
@@ -41,8 +41,8 @@ from rstar2_train.config.schema import (
     OptimizerConfig,
     ScheduleConfig,
 )
-from rstar2_train.devices import DTYPES
-from rstar2_train.memory import ModelShape, device_memory, fsdp_settings, plan_memory
+from rstar2_train.memory import ModelShape, device_memory, memory_settings, plan_memory
+from rstar2_train.precision import MASTER_STATE, Precision
 from rstar2_train.startup import FirstStepClock
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -65,6 +65,7 @@ class RankSetup:
     optimizer: OptimizerConfig
     schedule: ScheduleConfig
     total_steps: int
+    precision: Precision
     memory: MemoryConfig = field(default_factory=MemoryConfig)
 
 
@@ -122,14 +123,10 @@ class TrainerRank:
         dist.init_process_group(setup.backend, rank=self.rank, world_size=setup.world)
         mesh = init_device_mesh(self.device.type, (setup.world,))
         fsdp = setup.fsdp
-        dtype = model.dtype
-        if fsdp.param_dtype is not None:
-            model.to(torch.float32)  # type: ignore[arg-type]  # float32 master weights
-            policy = MixedPrecisionPolicy(
-                param_dtype=DTYPES[fsdp.param_dtype], reduce_dtype=DTYPES[fsdp.reduce_dtype]
-            )
-        else:
-            policy = MixedPrecisionPolicy()
+        precision = setup.precision
+        # The sharded parameters are the master weights; FSDP gathers them in the compute dtype.
+        model.to(precision.master)  # type: ignore[arg-type]  # transformers' stub of .to is wrong
+        policy = precision.fsdp_policy()
         if fsdp.activation_checkpointing:
             _checkpoint(model)
         model.to(self.device)  # type: ignore[arg-type]  # transformers' stub of .to is wrong
@@ -145,14 +142,14 @@ class TrainerRank:
         fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
         assert isinstance(model, FSDPModule)
         self.world = setup.world
-        self.fsdp = fsdp
+        self.precision = precision
         self.memory = setup.memory
-        self.model_dtype = dtype
+        self.optimizer_implementation = setup.optimizer.implementation
         self.planned_tokens = 0
         model.train()
         self.model = model
         self.grad_clip = setup.optimizer.grad_clip
-        self.optimizer = make_optimizer(model, setup.optimizer)
+        self.optimizer = make_optimizer(model.parameters(), setup.optimizer)
         self.schedule = make_schedule(self.optimizer, setup.schedule, setup.total_steps)
 
     def _model(self) -> PreTrainedModel:
@@ -182,12 +179,15 @@ class TrainerRank:
         shared_prefix = any(b.prefix_ids is not None for b in batches)
         plan = plan_memory(
             ModelShape.of(model),
-            fsdp_settings(
-                self.fsdp,
-                self.model_dtype,
-                ranks=self.world,
-                tokens=tokens,
+            memory_settings(
+                self.precision,
+                micro_batch_tokens=tokens,
+                attention=model.config._attn_implementation,
+                device=self.device,
+                packed=any(b.documents is not None for b in batches),
                 checkpointing=checkpointing,
+                ranks=self.world,
+                optimizer=self.optimizer_implementation,
             ),
             budget=int(least.item()),
             min_micro_batch_tokens=self.memory.min_micro_batch_tokens,
@@ -196,7 +196,8 @@ class TrainerRank:
             settings_to_change="rl.micro_batch_tokens, placement.trainer.fsdp.activation_"
             "checkpointing"
             + (" (with rl.shared_prefix=false)" if shared_prefix else "")
-            + ", placement.trainer.ranks (more ranks shard more) or fsdp.param_dtype",
+            + ", placement.trainer.ranks (more ranks shard more), model.dtype or "
+            "model.master_dtype",
         )
         if plan.settings.checkpointing and not checkpointing:
             _checkpoint(model)
@@ -268,18 +269,41 @@ class TrainerRank:
     def skip(self) -> None:
         advance_schedule(self.schedule)
 
-    def full_weights(self) -> dict[str, torch.Tensor]:
-        """The full weights on rank 0 (gathered from every shard; empty on the others)."""
-        weights: dict[str, torch.Tensor] = get_model_state_dict(  # type: ignore[assignment]
-            self._model(), options=FULL
-        )
+    def full_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """The full weights on rank 0, empty on the others (a collective): gathered from every
+        shard one tensor at a time and, with ``dtype``, cast on the device before they leave it
+        (engines and checkpoints get the compute dtype: half the bytes of float32 masters
+        through host memory and the object store)."""
+        from torch.distributed.tensor import DTensor
+
+        model = self._model()
+        # A tied head is the embedding's parameter under a second name: gathered once.
+        first: dict[int, str] = {}
+        alias = {
+            name: first.setdefault(id(parameter), name)
+            for name, parameter in model.named_parameters(remove_duplicate=False)
+        }
+        weights: dict[str, torch.Tensor] = {}
+        gathered: dict[str, torch.Tensor] = {}
+        for name, tensor in model.state_dict().items():
+            full = gathered.get(alias.get(name, name))
+            if full is None:
+                full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach()
+                if dtype is not None and full.is_floating_point():
+                    full = full.to(dtype)
+                if self.rank == 0:
+                    full = full.cpu()
+                gathered[alias.get(name, name)] = full
+            if self.rank == 0:
+                weights[name] = full
         return weights
 
     def weight_buckets(self, bucket_bytes: int) -> list[Any]:
-        """The full weights as Ray object refs of ``bucket_bytes`` each (rank 0; [] on others)."""
+        """The full weights in the compute dtype as Ray object refs of ``bucket_bytes`` each
+        (rank 0; [] on others)."""
         import ray
 
-        weights = self.full_weights()
+        weights = self.full_weights(self.precision.compute)
         refs: list[Any] = []
         bucket: dict[str, torch.Tensor] = {}
         size = 0
@@ -302,6 +326,7 @@ class TrainerRank:
         """The full optimizer state in ``torch.optim`` layout (keyed by parameter index, as a
         single-process ``Actor`` saves it), on rank 0; None on the others."""
         full: Any = get_optimizer_state_dict(self._model(), self.optimizer, options=FULL)
+        masters = self._master_weights()
         if self.rank != 0:
             return None
         order = self._order()
@@ -311,10 +336,22 @@ class TrainerRank:
             settings = {key: value for key, value in group.items() if key != "params"}
             groups.append({**settings, "params": list(range(start, start + len(group["params"])))})
             start += len(group["params"])
-        return {
+        saved: dict[str, Any] = {
             "optimizer": {"state": state, "param_groups": groups},
             "schedule": self.schedule.state_dict(),
         }
+        if masters is not None:
+            saved[MASTER_STATE] = masters
+        return saved
+
+    def _master_weights(self) -> dict[str, torch.Tensor] | None:
+        """The full master weights by parameter name on rank 0 (a collective), when the
+        precision policy keeps them apart from the compute-dtype ones; else None."""
+        if not self.precision.mixed:
+            return None
+        names = [name for name, _ in self._model().named_parameters()]
+        weights = self.full_weights()
+        return {name: weights[name] for name in names} if weights else None
 
     def load_optimizer_state(self, state: dict[str, Any], *, resume: bool) -> None:
         """Shard a full optimizer state (from any number of ranks) onto this rank."""
@@ -336,6 +373,13 @@ class TrainerRank:
             optim_state_dict=named,
             options=StateDictOptions(full_state_dict=True),
         )
+        if self.precision.mixed and MASTER_STATE in state:
+            # Tied weights are saved once, under their first name.
+            set_model_state_dict(
+                self._model(),
+                state[MASTER_STATE],
+                options=StateDictOptions(full_state_dict=True, strict=False),
+            )
         if resume:
             self.schedule.load_state_dict(state["schedule"])
 

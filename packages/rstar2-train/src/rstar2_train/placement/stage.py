@@ -22,6 +22,7 @@ from rstar2_train.placement.distributed import DistributedActor
 from rstar2_train.placement.engines import EngineGroup, EngineHost, EngineSpec, RayEngine
 from rstar2_train.placement.grading import GraderHost, RayGrading, actor_grader_config
 from rstar2_train.placement.sandbox import SandboxProcess, sandbox_commands
+from rstar2_train.precision import Precision
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ async def placed_stage(
             scheduling=[at(i) for i in range(trainer.ranks)],
             name=config.name,
             memory=config.memory,
+            precision=Precision.of(config),
         )
         shared_model = ray.put(model) if rl.engines.kind == "transformers" else None
         names = [f"engine-{i}" for i in range(count)]

@@ -29,6 +29,7 @@ from rstar2_train.actor import Actor, TrainingActor
 from rstar2_train.config.schema import EnginesConfig, SandboxConfig, StageConfig
 from rstar2_train.modeling import resolve_device
 from rstar2_train.placement.engines import vllm_engine_config
+from rstar2_train.precision import Precision
 from rstar2_train.rl.grading import Grading, LocalGrading
 
 logger = logging.getLogger(__name__)
@@ -143,7 +144,13 @@ async def training_side(
     assert rl is not None
     placement = stage_placement(config)
     if placement is None:
-        actor = Actor(model, config.optimizer, config.schedule, total_steps=total_steps)
+        actor = Actor(
+            model,
+            config.optimizer,
+            config.schedule,
+            total_steps=total_steps,
+            precision=Precision.of(config),
+        )
         engines = make_engines(
             rl.engines, model, model_path=model_path, seed=config.seed, rollout=rl.rollout
         )

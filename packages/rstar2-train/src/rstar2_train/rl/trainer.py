@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rstar2_data import MathProblem
 from rstar2_scheduler import RolloutRunner, RolloutScheduler, run_on_device
+from rstar2_scheduler.protocol import ChatProtocol, Conversation
 from rstar2_train.actor import TrainingActor
 from rstar2_train.config.schema import RLConfig, StageConfig
 from rstar2_train.data import DataOrder, load_rows
@@ -73,6 +74,18 @@ class RLTrainer:
         run, config, rl = self.run, self.config, self.rl
         problems = load_rows(config.data.train, "math", run.dir.data)
         tokenizer = run.tokenizer(lambda: self._prompt_texts(problems))
+
+        def longest_prompt() -> int:
+            chat = ChatProtocol(tokenizer, config.chat)
+            return max(
+                len(Conversation(chat, chat.initial_messages(p.problem)).prompt_ids)
+                for p in problems
+            )
+
+        run.plan_memory(longest_prompt=longest_prompt)
+        self.config = config = run.config
+        assert config.rl is not None
+        self.rl = rl = config.rl
         model = run.model(tokenizer)
         order = DataOrder(len(problems), seed=config.seed, shuffle=config.data.shuffle)
         model_path = str(run.checkpoint) if run.checkpoint is not None else config.model.path
