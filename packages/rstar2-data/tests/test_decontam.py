@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -16,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rstar2_data import MathProblem
-from rstar2_data.filters import Decontaminate, Item, normalize_words
+from rstar2_data.filters import Decontaminate, Item, canonical_words, normalize_words
 
 BENCHMARKS = Path(
     os.environ.get(
@@ -53,10 +54,33 @@ def test_a_short_problem_is_caught_in_every_edited_form(copy: str) -> None:
     assert flagged(decontam, copy) is not None
 
 
-def test_a_short_problem_with_other_numbers_is_another_problem() -> None:
-    decontam = Decontaminate({"math": [SHORT]})
+def test_a_short_problem_with_one_number_changed_is_caught_but_not_with_two() -> None:
+    decontam = Decontaminate({"math": [SHORT, "Find the units digit of $18^6.$"]})
+    assert flagged(decontam, "Find the units digit of $19^6.$") == "overlaps math (near copy)"
+    assert flagged(decontam, "Warm-up: find the units digit of $18^7$.") is not None
+    assert flagged(decontam, "Find the units digit of $19^7.$") is None
+    # Under 6 words another number makes another instance of a stock exercise.
     assert flagged(decontam, r"Compute $\dbinom{30}{28}$.") is None
-    assert flagged(decontam, r"Compute $\dbinom{31}{27}$ and add 1.") is None
+
+
+CLAUSED = "What fraction of 2 feet is 3 inches? Express your answer as a common fraction."
+
+
+@pytest.mark.parametrize(
+    ("row", "copy"),
+    [
+        ("What fraction of 2 feet is 3 inches?", True),
+        ("Warm-up. What fraction of 2 feet is 3 inches? Show your work.", True),
+        ("What fraction of 2 yards is 3 inches?", True),
+        # The clause gone and a number changed: another problem.
+        ("What fraction of 5 feet is 3 inches?", False),
+        # Less than half of the problem's words: not a copy of it.
+        ("What fraction of 2 feet", False),
+    ],
+)
+def test_a_short_problem_with_its_last_clause_dropped_is_caught(row: str, copy: bool) -> None:
+    decontam = Decontaminate({"math": [CLAUSED, SHORT]})
+    assert (flagged(decontam, row) is not None) is copy
 
 
 STOCK = "where m and n are relatively prime positive integers. Find m+n."
@@ -80,19 +104,21 @@ def test_stock_phrasing_alone_is_not_overlap() -> None:
     assert flagged(Decontaminate({"aime": benchmarks}, boilerplate=100, coverage=0), ordinary)
 
 
-def _planted() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "bench" / "planted.py"
-    spec = importlib.util.spec_from_file_location("planted", path)
+def _bench_module(name: str) -> ModuleType:
+    """``bench/<name>.py``, imported as ``name`` (the bench scripts import each other so)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
 @needs_benchmarks
 def test_planted_edits_of_every_target_problem_are_caught_and_amc23_is_not() -> None:
-    planted = _planted()
+    planted = _bench_module("planted")
     targets = planted.benchmark_problems(BENCHMARKS, ("aime24", "aime25", "math500"))
     texts: dict[str, list[str]] = {}
     for name, text in targets:
@@ -111,6 +137,26 @@ def test_planted_edits_of_every_target_problem_are_caught_and_amc23_is_not() -> 
     amc = planted.benchmark_problems(BENCHMARKS, ("amc23",))
     assert len(amc) == 40
     assert sum(flagged(decontam, text) is not None for _, text in amc) <= 1
+
+
+@needs_benchmarks
+def test_short_edited_copies_are_caught_and_real_and_clean_problems_are_not() -> None:
+    """Every short MATH-500 problem with one number changed, and with its last clause dropped;
+    the 40 AMC23 problems and 10,000 generated ordinary problems stay."""
+    planted, synth = _bench_module("planted"), _bench_module("synth")
+    targets = planted.benchmark_problems(BENCHMARKS, ("math500",))
+    decontam = Decontaminate({"math500": [text for _, text in targets]})
+    rng = random.Random(0)
+    short = [text for _, text in targets if len(canonical_words(normalize_words(text))) < 24]
+    for edit, least in (("one number changed", 0.95), ("last clause dropped", 0.7)):
+        edited = [e for text in short if (e := planted.SHORT_EDITS[edit](text, rng)) is not None]
+        assert len(edited) > 60
+        caught = sum(flagged(decontam, text) is not None for text in edited)
+        assert caught >= least * len(edited), (edit, caught, len(edited))
+    amc = planted.benchmark_problems(BENCHMARKS, ("amc23",))
+    assert [text for _, text in amc if flagged(decontam, text)] == []
+    clean = [synth.problem_text(rng) for _ in range(10_000)]
+    assert [text for text in clean if flagged(decontam, text)] == []
 
 
 _SPACING = re.compile(r"\\[,;:! ]|\$|\\left|\\right")
