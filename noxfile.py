@@ -189,7 +189,7 @@ VLLM_VERSIONS = ["0.32.0", "0.33.0"]
 VLLM_RESOLVED_AT = "2026-11-26T00:00:00Z"
 VLLM_MODULES = [
     f"packages/rstar2-scheduler/src/rstar2_scheduler/engines/{name}.py"
-    for name in ("vllm", "vllm_sync", "vllm_wire", "vllm_worker")
+    for name in ("vllm", "vllm_sync", "vllm_transport", "vllm_wire", "vllm_worker")
 ]
 
 

@@ -40,6 +40,7 @@ CONFIG = Qwen2Config(
 )
 BUCKET_MB = 0.05  # about 52 KB: the 0.2 MB model goes in several buckets
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="generate builds vLLM's sampling parameters")
 
 
 @pytest.fixture(
@@ -227,19 +228,153 @@ async def test_discarded_weights_refuse_generation_until_a_whole_sync(kind: Mode
     assert_ranks_hold(llm, full)
 
 
-async def test_a_sync_that_fails_midway_blocks_generation(kind: ModelKind) -> None:
+async def held(
+    engine: VLLMEngine, llm: StandInAsyncLLM, request_id: str
+) -> asyncio.Task[GenerationResult]:
+    """A request vLLM holds (it has started and not finished)."""
+    running = asyncio.create_task(engine.generate(request(request_id)))
+    await llm.held.wait()
+    return running
+
+
+async def assert_broken_until_a_whole_sync(
+    engine: VLLMEngine, llm: StandInAsyncLLM, full: dict[str, torch.Tensor], first: int
+) -> None:
+    """The engine refuses to generate, takes no partial sync, and is mended by a whole one."""
+    assert engine.weights_version is None  # neither the old weights nor the new
+    result = await engine.generate(request("refused"))
+    assert result.finish_reason == "error"
+    assert result.error is not None
+    assert f"a weight sync failed in bucket {first}" in result.error
+    layer = [(n, t) for n, t in full.items() if n.startswith("model.layers.1.")]
+    with pytest.raises(RuntimeError, match=r"without weights: model\.(embed_tokens|layers\.0)"):
+        await engine.update_weights(layer, version="partial")
+    assert (await engine.generate(request("still"))).finish_reason == "error"
+    await engine.update_weights(full.items(), version="whole")
+    assert_ranks_hold(llm, full)
+    assert (await generated(engine, llm, "mended")).weights_version == "whole"
+
+
+@needs_vllm
+async def test_a_failure_in_the_first_bucket_aborts_held_requests_and_refuses_generation(
+    kind: ModelKind,
+) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2, model=kind)
+    engine = engine_on(llm, weight_bucket_mb=4)  # the whole model in one bucket
+    old, new = trainer_weights(1), trainer_weights(2)
+    await engine.update_weights(old.items(), version="1")
+    running = await held(engine, llm, "paused")
+    embedding = "model.embed_tokens.weight"
+    unknown = ("model.layers.9.mlp.down_proj.weight", torch.zeros(64, 128))
+    rest = [(n, t) for n, t in old.items() if n != embedding]
+    broken = [(embedding, new[embedding]), unknown, *rest]
+    with pytest.raises(ValueError, match=r"no module or parameter named '(model\.)?layers\.9"):
+        await engine.update_weights(broken, version="2")
+    assert len(llm.payloads) == 2  # one bucket each
+    # rank 0 had loaded the new embedding (the stand-in's rank 1 never ran): weights are mixed
+    torch.testing.assert_close(
+        llm.models()[0].params()[embedding], expected_shards(new, 0, 2)[embedding], rtol=0, atol=0
+    )
+    result = await asyncio.wait_for(running, timeout=30)  # aborted, not left running
+    assert result.finish_reason == "error"
+    assert result.error is not None
+    assert "while the request ran; it was aborted" in result.error
+    assert llm.calls[-2:] == [("abort", ["paused"]), ("resume_generation",)]
+    await assert_broken_until_a_whole_sync(engine, llm, new, first=0)
+
+
+@needs_vllm
+async def test_a_failure_in_a_later_bucket_aborts_held_requests_and_refuses_generation(
+    kind: ModelKind,
+) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2, model=kind)
+    engine = engine_on(llm)
+    old, new = trainer_weights(1), trainer_weights(2)
+    await engine.update_weights(old.items(), version="1")
+    running = await held(engine, llm, "paused")
+    llm.payloads.clear()
+    shape = torch.zeros(64, 64)  # down_proj is 64 x 128
+    broken = [
+        *((n, shape if n == "model.layers.1.mlp.down_proj.weight" else t) for n, t in new.items())
+    ]
+    with pytest.raises(Exception, match=r"shape|size"):
+        await engine.update_weights(broken, version="2")
+    failed = len(llm.payloads) - 1
+    assert failed > 1
+    result = await asyncio.wait_for(running, timeout=30)  # aborted, not left running
+    assert result.error is not None
+    assert "while the request ran; it was aborted" in result.error
+    assert ("abort", ["paused"]) in llm.calls
+    await assert_broken_until_a_whole_sync(engine, llm, new, first=failed)
+
+
+@needs_vllm
+async def test_a_failure_before_anything_is_sent_leaves_the_weights_whole(kind: ModelKind) -> None:
     llm = StandInAsyncLLM(CONFIG, tp=1, model=kind)
     engine = engine_on(llm)
     full = trainer_weights(1)
-    broken = [*full.items(), ("model.layers.9.mlp.down_proj.weight", torch.zeros(64, 128))]
-    with pytest.raises(ValueError, match=r"no module or parameter named '(model\.)?layers\.9"):
-        await engine.update_weights(broken)
-    assert llm.calls[-1] == ("resume_generation",)  # scheduling is not left paused
-    result = await engine.generate(request())
-    assert result.error is not None
-    assert "failed after" in result.error
-    await engine.update_weights(full.items())
+    await engine.update_weights(full.items(), version="1")
+    running = await held(engine, llm, "kept")
+    sent = len(llm.payloads)
+    with pytest.raises(TypeError, match=r"not a torch\.Tensor"):
+        await engine.update_weights([("model.norm.weight", [1.0])], version="2")  # type: ignore[list-item]
+    assert len(llm.payloads) == sent
+    llm.release()
+    assert (await running).finish_reason == "stop"  # resumed, not aborted
+    assert (await generated(engine, llm, "after")).weights_version == "1"
+    assert_ranks_hold(llm, full)
+
+
+async def test_a_tensor_no_loader_reads_fails_the_sync(
+    kind: ModelKind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2, model=kind)
+    engine = engine_on(llm)
+    full = trainer_weights(1)
+    dropped = "model.layers.0.mlp.down_proj.weight"
+    for model in llm.models():
+        load = model.load_weights
+        monkeypatch.setattr(
+            model, "load_weights", lambda ws, load=load: load((n, t) for n, t in ws if n != dropped)
+        )
+    with pytest.raises(RuntimeError, match=rf"handed 1 tensor\(s\) of bucket \d+ .*: {dropped}$"):
+        await engine.update_weights(full.items())
+    assert "a weight sync failed" in str(engine._refusal())
+
+
+async def test_a_tensor_read_by_one_rank_only_passes(
+    kind: ModelKind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a pipeline stage reads only its own layers: every tensor reached some rank."""
+    llm = StandInAsyncLLM(CONFIG, tp=2, model=kind)
+    engine = engine_on(llm)
+    for rank, model in enumerate(llm.models()):
+        load = model.load_weights
+        other = f"model.layers.{1 - rank}."
+        monkeypatch.setattr(
+            model,
+            "load_weights",
+            lambda ws, load=load, other=other: load(
+                (n, t) for n, t in ws if not n.startswith(other)
+            ),
+        )
+    await engine.update_weights(trainer_weights(1).items())
     assert engine._refusal() is None
+
+
+async def test_weights_travel_in_the_engines_dtype(kind: ModelKind) -> None:
+    llm = StandInAsyncLLM(CONFIG, tp=2, model=kind, dtype=torch.bfloat16)
+    engine = engine_on(llm)
+    full = trainer_weights(1)  # float32, as a trainer's master weights
+    await engine.update_weights(full.items())
+    slots = [slot for p in llm.payloads for slot in WeightBucket.model_validate(p).tensors]
+    assert {slot.dtype for slot in slots} == {"bfloat16"}
+    assert engine.last_sync is not None
+    assert engine.last_sync.source_bytes == sum(t.numel() * 4 for t in full.values())
+    assert engine.last_sync.bytes * 2 == engine.last_sync.source_bytes
+    assert_ranks_hold(llm, {name: t.to(torch.bfloat16) for name, t in full.items()})
+    staged = sum(WeightBucket.model_validate(p).nbytes for p in llm.payloads)
+    assert staged < 0.6 * engine.last_sync.source_bytes  # the buffers hold bf16 only
 
 
 async def test_wake_up_checks_what_vllm_answers(kind: ModelKind) -> None:
@@ -294,7 +429,7 @@ async def test_reset_prefix_cache_preempts_running_requests(kind: ModelKind) -> 
 async def test_a_worker_gpu_this_process_cannot_see_is_named(kind: ModelKind) -> None:
     llm = StandInAsyncLLM(CONFIG, tp=2, model=kind, memory=HostMemory(["GPU-0"]))
     engine = engine_on(llm)
-    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] run on GPU\(s\) \['GPU-1'\]"):
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] run on device\(s\) \['GPU-1'\]"):
         await engine.update_weights(trainer_weights(1).items())
 
 
@@ -337,8 +472,9 @@ async def test_after_sleep_2_every_part_of_every_fused_parameter_must_come(kind:
         await engine.update_weights(partial)
     message = str(refused.value)
     assert "\n" not in message
-    assert "sleep(level=2) discarded the weights, and this sync left 3 parameter(s) or fused " in (
-        message
+    assert (
+        "sleep(level=2) discarded the weights, and this sync left 3 parameter(s) or part(s) "
+        in (message)
     )
     for part in (
         "model.layers.0.mlp.gate_up_proj.weight[up_proj]",

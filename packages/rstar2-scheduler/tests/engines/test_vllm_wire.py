@@ -130,7 +130,13 @@ def test_payload_encodes_with_vllms_own_encoder(monkeypatch: pytest.MonkeyPatch)
 
     # and the workers' answers come back the same way
     info = WorkerInfo(rank=1, device_uuid="GPU-b", parameters=["a.weight"], tied={"b": "a"})
-    report = BucketReport(rank=1, bucket=3, received=7, loaded=["a.weight"])
+    report = BucketReport(
+        rank=1,
+        bucket=3,
+        elements=7,
+        loaded=["a.weight"],
+        unknown_shards={"e": "shard id 'index_q'"},
+    )
     answers = MsgpackDecoder().decode(
         MsgpackEncoder().encode([info.model_dump(), report.model_dump()])
     )

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 from transformers import Qwen2Config
 
-from rstar2_scheduler.engines.vllm_wire import CudaIpcHandle
+from rstar2_scheduler.engines.vllm_wire import BufferHandle, CudaIpcHandle
 from rstar2_scheduler.engines.vllm_worker import WeightSyncExtension
 
 try:  # vLLM's own serializer when the extra is installed
@@ -138,6 +138,9 @@ class HostTransport:
     def local_devices(self) -> dict[str, torch.device]:
         return {uuid: torch.device("cpu", i) for i, uuid in enumerate(self.memory.visible)}
 
+    def allocate(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
     def share(self, buffer: torch.Tensor) -> CudaIpcHandle:
         key = f"ipc-{next(self.memory._keys)}".encode()
         self.memory._buffers[key] = buffer
@@ -145,8 +148,9 @@ class HostTransport:
         self.memory.reserved = max(self.memory.reserved, self.memory.staged_per_gpu())
         return CudaIpcHandle.from_reduce_args(cuda_reduce_args(buffer, handle=key))
 
-    def open(self, handle: CudaIpcHandle, device: torch.device) -> torch.Tensor:
+    def open(self, handle: BufferHandle, device: torch.device) -> torch.Tensor:
         assert self.uuid is not None
+        assert isinstance(handle, CudaIpcHandle)
         assert len(handle.rebuild_args(0)) == 15
         buffer = self.memory._buffers.get(handle.handle)
         if buffer is None:
@@ -518,6 +522,7 @@ class StandInAsyncLLM:
         quantization: str | None = None,
         model: ModelKind = "stand-in",
         kv_bytes: int = 0,
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.uuids = [f"GPU-{rank}" for rank in range(tp)]
         self.memory = memory if memory is not None else HostMemory(self.uuids)
@@ -529,10 +534,14 @@ class StandInAsyncLLM:
         for worker, uuid in zip(self.workers, self.uuids, strict=True):
             if isinstance(worker, WeightSyncExtension):
                 worker.rstar2_transport = self.memory.worker(uuid)
-        model_config = SimpleNamespace(quantization=quantization)
+        model_config = SimpleNamespace(quantization=quantization, dtype=dtype)
         for worker in self.workers:
+            if dtype is not None:
+                worker.model.to(dtype)
             worker.vllm_config = (
-                None if quantization is None else SimpleNamespace(model_config=model_config)
+                None
+                if quantization is None and dtype is None
+                else SimpleNamespace(model_config=model_config)
             )
         self.vllm_config = SimpleNamespace(
             cache_config=SimpleNamespace(num_gpu_blocks=64, block_size=16),
@@ -675,6 +684,17 @@ class StandInAsyncLLM:
         self.cached_prefixes = 0
         return True
 
+    async def abort(self, request_id: str | Iterable[str], internal: bool = False) -> None:
+        """Ends the requests: each answers what it has with finish_reason "abort"."""
+        self.calls.append(
+            ("abort", [request_id] if isinstance(request_id, str) else list(request_id))
+        )
+        for name in self.calls[-1][1]:
+            request = self.requests.pop(name, None)
+            if request is not None:
+                request.aborted = True
+                request.done.set()
+
     async def update_weight_version(self, new_version: str) -> None:
         self.calls.append(("update_weight_version", new_version))
         self.version = new_version
@@ -703,3 +723,106 @@ class StandInAsyncLLM:
     def release(self) -> None:
         for request in list(self.requests.values()):
             request.done.set()
+
+
+class ExpertLayer(nn.Module):
+    """An MoE layer's experts as vLLM's ``FusedMoE`` holds them: ``w13_weight`` (gate and up
+    of each local expert), ``w2_weight`` (down), loaded through ``weight_loader(param, tensor,
+    weight_name, shard_id, expert_id)`` with the global expert id, which maps to a local one
+    (-1: another rank's expert, not written)."""
+
+    def __init__(self, experts: list[int], hidden: int, inter: int) -> None:
+        super().__init__()
+        self.experts, self.inter = experts, inter
+        self.w13_weight = nn.Parameter(torch.zeros(len(experts), 2 * inter, hidden), False)
+        self.w2_weight = nn.Parameter(torch.zeros(len(experts), hidden, inter), False)
+        for param in (self.w13_weight, self.w2_weight):
+            param.weight_loader = self.weight_loader
+
+    def _map_global_expert_id_to_local_expert_id(self, expert_id: int) -> int:
+        return self.experts.index(expert_id) if expert_id in self.experts else -1
+
+    def weight_loader(
+        self,
+        param: nn.Parameter,
+        loaded: torch.Tensor,
+        weight_name: str,
+        shard_id: str,
+        expert_id: int,
+        return_success: bool = False,
+    ) -> bool | None:
+        local = self._map_global_expert_id_to_local_expert_id(expert_id)
+        if local == -1:
+            return False if return_success else None
+        if shard_id not in ("w1", "w2", "w3"):
+            raise ValueError(f"shard_id must be ['w1','w2','w3'] but got {shard_id}.")
+        rows = {"w1": slice(0, self.inter), "w3": slice(self.inter, None), "w2": slice(None)}
+        param.data[local, rows[shard_id]].copy_(loaded)
+        return True if return_success else None
+
+
+class ExpertModel(nn.Module):
+    """A one-layer MoE model (the rank holds ``experts`` of ``total``) beside a fused layer
+    whose loader takes shard ids ``fused_shards`` (``q``/``k``: ones rstar2 reads)."""
+
+    packed_modules_mapping = {"fused_qk": ["q_part", "k_part"]}  # noqa: RUF012
+
+    def __init__(
+        self, experts: list[int], *, total: int = 4, fused_shards: tuple[str, str] = ("q", "k")
+    ) -> None:
+        super().__init__()
+        self.mapped, self.total, self.fused_shards = True, total, fused_shards
+        self.model = nn.Module()
+        self.model.norm = nn.Module()
+        self.model.norm.weight = nn.Parameter(torch.zeros(8), requires_grad=False)
+        self.model.norm.weight.weight_loader = lambda p, t: p.data.copy_(t)
+        self.model.fused_qk = nn.Module()
+        self.model.fused_qk.weight = nn.Parameter(torch.zeros(8, 8), requires_grad=False)
+        self.model.fused_qk.weight.weight_loader = self._fused
+        self.model.experts = ExpertLayer(experts, hidden=8, inter=4)
+
+    def _fused(self, param: nn.Parameter, loaded: torch.Tensor, shard: str) -> None:
+        index = self.fused_shards.index(shard)
+        param.data[4 * index : 4 * index + 4].copy_(loaded)
+
+    def params(self) -> dict[str, nn.Parameter]:
+        return dict(self.named_parameters())
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = self.params()
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if not self.mapped:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            parts = name.split(".")
+            if parts[:2] == ["model", "experts"]:  # model.experts.<e>.<w1|w2|w3>.weight
+                stem = "w2" if parts[3] == "w2" else "w13"
+                target = f"model.experts.{stem}_weight"
+                param = params[target]
+                param.weight_loader(param, tensor, name, shard_id=parts[3], expert_id=int(parts[2]))
+            elif name.startswith("model.fused_qk."):  # model.fused_qk.<q|k>_part.weight
+                target = "model.fused_qk.weight"
+                shard = self.fused_shards["qk".index(parts[2][0])]
+                params[target].weight_loader(params[target], tensor, shard)
+            else:
+                target = name
+                params[target].weight_loader(params[target], tensor)
+            loaded.add(target)
+        return loaded
+
+
+def expert_weights(total: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A checkpoint of ``ExpertModel``: one tensor per expert and shard, as MoE checkpoints
+    store them."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = {
+        "model.norm.weight": torch.randn(8, generator=generator),
+        "model.fused_qk.q_part.weight": torch.randn(4, 8, generator=generator),
+        "model.fused_qk.k_part.weight": torch.randn(4, 8, generator=generator),
+    }
+    for expert in range(total):
+        for shard, shape in (("w1", (4, 8)), ("w3", (4, 8)), ("w2", (8, 4))):
+            weights[f"model.experts.{expert}.{shard}.weight"] = torch.randn(
+                *shape, generator=generator
+            )
+    return weights

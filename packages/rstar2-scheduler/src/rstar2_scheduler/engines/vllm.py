@@ -10,16 +10,26 @@ reaches on every tensor-parallel rank, and that loads each bucket with the model
 (q/k/v, gate/up) part by part. vLLM's native ``update_weights`` is not used: its CUDA-IPC
 arguments do not pass its own msgpack encoder without ``VLLM_ALLOW_INSECURE_SERIALIZATION``, and
 its layer-wise reload rebuilds a fused layer that one cycle loaded only in part from
-uninitialised memory. The bucket's tensors are packed into one buffer per worker GPU, shared by
-CUDA IPC (``vllm_wire``), and described by plain records that vLLM's encoder accepts.
+uninitialised memory. The bucket's tensors are packed into one buffer per worker device, shared
+by CUDA IPC for workers on GPUs (shared memory for vLLM's CPU backend: ``vllm_transport``), and
+described by plain records that vLLM's encoder accepts (``vllm_wire``). Floating-point weights
+travel in the engine's dtype whatever dtype they come in (a trainer's float32 master weights are
+cast once, as they are staged): half the staging memory and bytes of float32 for a bf16 engine.
 
 One ``update_weights`` call is one sync: it wakes the weights if the engine sleeps, holds
 scheduling while buckets load (requests in flight continue afterwards, recomputed under the new
 weights), hands the staging memory back to the driver, then resets the prefix cache and records
 the version. In colocated training call ``sleep(2)`` (weights discarded), ``update_weights`` (the
 weights wake first, the KV cache stays asleep) and then ``wake_up()`` (the KV cache), as verl and
-TRL do. After ``sleep(2)`` a sync must write every parameter, and every part (q/k/v, gate/up) of
-every fused one.
+TRL do. After ``sleep(2)`` a sync must write every parameter, and every part (q/k/v, gate/up,
+each expert's w1/w2/w3) of every one loaded in parts.
+
+A sync that fails once a bucket has gone to the workers (an unknown name, a wrong shape, a tensor
+no loader read, an incomplete sync, a timeout) leaves weights part old, part new: the engine
+aborts the requests it paused for the sync, which come back as errors (the scheduler retries or
+regenerates them), and refuses to generate until a sync that brings every weight succeeds.
+vLLM's workers are killed by the kernel when the process that started them exits
+(``die_with_parent``).
 
 Token ids go in and out unchanged. Log-probs are those of the sampled tokens, meant to equal what
 a trainer recomputes: ``log_softmax(logits / T)`` at the token (plain logits when greedy), not
@@ -43,6 +53,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -59,18 +70,9 @@ from rstar2_scheduler.engine import (
     NamedTensors,
     SamplingParams,
 )
-from rstar2_scheduler.engines.vllm_sync import (
-    fused_members,
-    packed_parts,
-    plan_buckets,
-    stage_bucket,
-)
-from rstar2_scheduler.engines.vllm_wire import (
-    BucketReport,
-    CudaIpcTransport,
-    Transport,
-    WorkerInfo,
-)
+from rstar2_scheduler.engines.vllm_sync import fused_members, plan_buckets, stage_bucket
+from rstar2_scheduler.engines.vllm_transport import Transport, transport_for
+from rstar2_scheduler.engines.vllm_wire import BucketReport, WeightBucket, WorkerInfo, torch_dtype
 from rstar2_scheduler.engines.vllm_worker import WORKER_EXTENSION, WeightSyncExtension
 
 if TYPE_CHECKING:
@@ -145,6 +147,12 @@ class VLLMEngineConfig(BaseModel):
         default=600.0,
         gt=0,
         description="Longest wait for the workers to load one bucket (None: no limit).",
+    )
+    die_with_parent: bool = Field(
+        default=True,
+        description="Have the kernel kill vLLM's workers when the process that started them "
+        "exits (PR_SET_PDEATHSIG), so that none outlives a killed engine. That process must "
+        "start the engine from a thread that lives as long as the engine.",
     )
     logprobs_mode: LogprobsMode = Field(
         default="processed_logprobs",
@@ -279,10 +287,14 @@ class WeightSyncStats(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tensors: int = Field(ge=0)
-    bytes: int = Field(ge=0, description="Bytes of the tensors (one copy).")
+    bytes: int = Field(
+        ge=0,
+        description="Bytes of the tensors as they travelled, in the engine's dtype (one copy).",
+    )
+    source_bytes: int = Field(ge=0, description="Bytes of the tensors as update_weights got them.")
     buckets: int = Field(ge=0)
     ranks: int = Field(ge=0, description="vLLM workers that loaded every bucket.")
-    gpus: int = Field(ge=0, description="GPUs a copy of each bucket was staged on.")
+    gpus: int = Field(ge=0, description="Devices a copy of each bucket was staged on.")
     seconds: float = Field(ge=0, description="Wall time of the whole sync.")
     version: str | None = None
     phases: list[SyncPhase] = Field(default_factory=list)
@@ -294,7 +306,7 @@ class _RankLoads:
     def __init__(self) -> None:
         self.loaded: set[str] | None = set()  # None: its load_weights reports nothing
         self.shards: dict[str, set[int]] = {}
-        self.unknown: set[str] = set()
+        self.unknown: dict[str, str] = {}
 
     def add(self, report: BucketReport) -> None:
         if report.loaded is None:
@@ -303,7 +315,8 @@ class _RankLoads:
             self.loaded.update(report.loaded)
         for name, parts in report.shards.items():
             self.shards.setdefault(name, set()).update(parts)
-        self.unknown.update(report.unknown_shards)
+        for name, shard in report.unknown_shards.items():
+            self.unknown.setdefault(name, shard)
 
 
 _ALL_TAGS = frozenset({"weights", "kv_cache"})
@@ -316,7 +329,8 @@ class VLLMEngine(Engine):
 
     ``llm``: an ``AsyncLLM`` built elsewhere, started with ``worker_extension_cls`` set to
     ``WORKER_EXTENSION`` (``engine_arguments`` gives every field this class sets). ``transport``:
-    how weight buckets are shared with the workers (CUDA IPC).
+    how weight buckets are shared with the workers (by default the one for their device:
+    ``transport_for``).
     """
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
@@ -333,14 +347,15 @@ class VLLMEngine(Engine):
         self.config = config
         self.name = config.name
         self._llm: AsyncLLM | None = None
-        self._transport: Transport = transport if transport is not None else CudaIpcTransport()
+        self._transport = transport
         self._stats = _Statistics()
         self._capacity = 0
         self._max_running: int | None = None
         self._workers: list[WorkerInfo] | None = None
         self._asleep: set[str] = set()
         self._discarded: str | None = None  # why the weights are not whole, if they are not
-        self._in_flight = 0
+        self._running: set[str] = set()  # ids of the requests vLLM holds for this engine
+        self._failures = 0  # failed syncs that left the weights broken, so far
         self._unlike_trainer: set[tuple[float, float]] = set()  # samplings already warned of
         self.weights_version: str | None = None
         self.last_sync: WeightSyncStats | None = None
@@ -376,6 +391,8 @@ class VLLMEngine(Engine):
         self._attach(
             AsyncLLM.from_engine_args(engine_args, stat_loggers=[_stat_logger_factory(self._stats)])
         )
+        if self.config.die_with_parent:
+            await self._rpc("rstar2_die_with_parent")
 
     async def close(self) -> None:
         llm, self._llm = self._llm, None
@@ -442,7 +459,9 @@ class VLLMEngine(Engine):
         version = self.weights_version
         params = vllm_sampling_params(request.sampling)
         final = None
-        self._in_flight += 1
+        failed: Exception | None = None
+        failures = self._failures
+        self._running.add(request.request_id)
         try:
             async for output in self.llm.generate(
                 TokensPrompt(prompt_token_ids=list(request.prompt_ids)),
@@ -451,12 +470,17 @@ class VLLMEngine(Engine):
             ):
                 final = output
         except Exception as failure:  # an engine failure fails this request only
-            logger.warning("%s: request %s failed: %r", self.name, request.request_id, failure)
-            return GenerationResult.failed(
-                request.request_id, f"{type(failure).__name__}: {failure}"
-            )
+            failed = failure
         finally:
-            self._in_flight -= 1
+            self._running.discard(request.request_id)
+        if self._failures != failures:  # a sync broke the weights under it: it was aborted
+            return GenerationResult.failed(
+                request.request_id,
+                f"engine {self.name!r}: {self._discarded} while the request ran; it was aborted",
+            )
+        if failed is not None:
+            logger.warning("%s: request %s failed: %r", self.name, request.request_id, failed)
+            return GenerationResult.failed(request.request_id, f"{type(failed).__name__}: {failed}")
         if final is None or not final.outputs:
             return GenerationResult.failed(request.request_id, "vLLM returned no output")
         completion = final.outputs[0]
@@ -505,18 +529,34 @@ class VLLMEngine(Engine):
             self._workers = workers
         return self._workers
 
-    def _targets(self, workers: list[WorkerInfo]) -> dict[str, torch.device]:
-        """The GPUs to stage each bucket on: every worker's, as this process sees them."""
-        local = self._transport.local_devices()
+    def _sync_transport(self, workers: list[WorkerInfo]) -> Transport:
+        """The transport given, or the one that reaches the workers' device type."""
+        if self._transport is None:
+            kinds = sorted({w.device_type for w in workers})
+            if len(kinds) != 1:
+                raise RuntimeError(f"{self.name}: vLLM's workers run on {kinds}; expected one kind")
+            self._transport = transport_for(kinds[0])
+        return self._transport
+
+    def _targets(self, workers: list[WorkerInfo], transport: Transport) -> dict[str, torch.device]:
+        """The devices to stage each bucket on: every worker's, as this process sees them."""
+        local = transport.local_devices()
         unseen = [w for w in workers if w.device_uuid not in local]
         if unseen:
             raise RuntimeError(
-                f"{self.name}: vLLM worker rank(s) {[w.rank for w in unseen]} run on GPU(s) "
+                f"{self.name}: vLLM worker rank(s) {[w.rank for w in unseen]} run on device(s) "
                 f"{sorted({w.device_uuid for w in unseen})}, which this process cannot see "
-                f"(it sees {sorted(local)}); weights are shared by CUDA IPC, so the engine's "
-                "process must see every worker's GPU"
+                f"(it sees {sorted(local)}); weights are shared by {type(transport).__name__}, "
+                "so the engine's process must see every worker's device"
             )
         return {w.device_uuid: local[w.device_uuid] for w in workers}
+
+    def _engine_dtype(self, workers: list[WorkerInfo]) -> torch.dtype | None:
+        """The dtype vLLM's model holds its weights in (None where the workers do not say)."""
+        dtypes = sorted({w.dtype for w in workers if w.dtype is not None})
+        if len(dtypes) > 1:
+            raise RuntimeError(f"{self.name}: vLLM's workers hold weights in {dtypes}")
+        return torch_dtype(dtypes[0]) if dtypes else None
 
     async def _wake(self, tags: set[str]) -> None:
         """Wake ``tags`` (of those asleep) and check vLLM's answer: fully awake exactly when
@@ -535,13 +575,17 @@ class VLLMEngine(Engine):
     async def update_weights(self, weights: NamedTensors, *, version: str | None = None) -> None:
         """One sync: wake the weights if they sleep (the KV cache stays asleep for
         ``wake_up``), hold scheduling, load ``weights`` bucket by bucket on every worker, hand
-        the staging memory back to the driver, then reset the prefix cache, record ``version``
-        and resume scheduling. ``last_sync`` says what moved, with free GPU memory after each
-        phase.
+        the staging memory back, then reset the prefix cache, record ``version`` and resume
+        scheduling. ``last_sync`` says what moved, with free device memory after each phase.
 
-        After ``sleep(level=2)`` (or a failed sync) the call must bring every parameter and
-        every part of every fused one (q/k/v, gate/up); otherwise any subset loads. The tensors
-        may live on any device of this process.
+        The tensors may live on any device of this process, in any dtype: floating-point ones
+        travel in the engine's (cast once, as they are staged). After ``sleep(level=2)`` or a
+        failed sync the call must bring every parameter and every part of every one loaded in
+        parts (q/k/v, gate/up, each expert's); otherwise any subset loads.
+
+        A sync that fails once a bucket has gone to the workers leaves the weights part old,
+        part new: the engine aborts the requests it holds (they come back as errors), refuses
+        to generate, and takes only a sync that brings every weight.
         """
         started = time.perf_counter()
         llm = self.llm
@@ -552,26 +596,32 @@ class VLLMEngine(Engine):
                 f"update weights of a {', '.join(quantized)}-quantized model: weights load "
                 "through load_weights, which does not quantize them again"
             )
-        targets = self._targets(workers)
+        transport = self._sync_transport(workers)
+        targets = self._targets(workers, transport)
+        dtype = self._engine_dtype(workers)
         phases = [self._phase("start", started, targets)]
         await self._wake({"weights"})
         phases.append(self._phase("woken", started, targets))
         members = fused_members(workers[0].packed_modules)
         limit = max(1, round(self.config.weight_bucket_mb * 2**20))
         loads = {w.rank: _RankLoads() for w in workers}
-        tensors = nbytes = buckets = 0
+        tensors = nbytes = source_bytes = buckets = 0
+        sent = loading = False  # whether a worker may have written anything; is still loading
         paused = not self._asleep  # while anything sleeps, vLLM's scheduler is paused already
         if paused:
             await llm.pause_generation(mode="keep", clear_cache=False)
         try:
-            for bucket in plan_buckets(weights, limit_bytes=limit, members=members):
-                staged = stage_bucket(buckets, bucket, targets, self._transport)
+            for bucket in plan_buckets(weights, limit_bytes=limit, members=members, dtype=dtype):
+                staged = stage_bucket(buckets, bucket, targets, transport, dtype=dtype)
+                sent = loading = True
                 replies = await self._rpc("rstar2_load_weights", bucket=staged.payload.model_dump())
-                self._record_loads(buckets, len(bucket), workers, replies, loads)
+                self._record_loads(staged.payload, workers, replies, loads)
                 tensors += len(bucket)
-                nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+                nbytes += sum(slot.nbytes for slot in staged.payload.tensors)
+                source_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
                 buckets += 1
                 del staged, bucket  # every worker has loaded it: its buffers may go
+            loading = False
             phases.append(self._phase("loaded", started, targets))
             self._free_staging()
             await self._rpc("rstar2_release_memory")
@@ -580,10 +630,11 @@ class VLLMEngine(Engine):
             await self.reset_prefix_cache()
             if version is not None:
                 await llm.update_weight_version(version)
-        except BaseException:
-            if buckets and self._discarded is None:
-                self._discarded = f"a weight sync failed after {buckets} bucket(s) had loaded"
+        except BaseException as failure:
             self._free_staging()
+            if sent:
+                where = f"in bucket {buckets}" if loading else f"after its {buckets} bucket(s)"
+                await self._break(f"a weight sync failed {where}", failure)
             raise
         finally:
             if paused:
@@ -592,6 +643,7 @@ class VLLMEngine(Engine):
         self.last_sync = WeightSyncStats(
             tensors=tensors,
             bytes=nbytes,
+            source_bytes=source_bytes,
             buckets=buckets,
             ranks=len(workers),
             gpus=len(targets),
@@ -600,58 +652,107 @@ class VLLMEngine(Engine):
             phases=phases,
         )
         logger.info(
-            "%s: synced %d tensors (%.1f MB) in %d bucket(s) to %d rank(s) in %.2f s; "
-            "%.2f GiB free on the emptiest GPU",
+            "%s: synced %d tensors (%.1f MB as sent, %.1f MB given) in %d bucket(s) to %d "
+            "rank(s) in %.2f s; %.2f GiB free on the emptiest device",
             self.name,
             tensors,
             nbytes / 2**20,
+            source_bytes / 2**20,
             buckets,
             len(workers),
             self.last_sync.seconds,
             min(phases[-1].free_bytes.values()) / 2**30,
         )
 
+    async def _break(self, reason: str, failure: BaseException) -> None:
+        """The weights are part old, part new: refuse to generate until a whole sync, and
+        abort the requests vLLM holds (they come back as errors, see ``generate``) before
+        scheduling resumes."""
+        if self._discarded is None:
+            self._discarded = reason
+        self._failures += 1
+        self.weights_version = None
+        running = sorted(self._running)
+        logger.error(
+            "%s: %s (%s: %s); aborting %d request(s), refusing to generate until a sync brings "
+            "every weight",
+            self.name,
+            reason,
+            type(failure).__name__,
+            failure,
+            len(running),
+        )
+        if running:
+            try:
+                await self.llm.abort(running)
+            except Exception as refused:  # they are reported as failed all the same
+                logger.warning("%s: could not abort %s: %r", self.name, running, refused)
+
     def _phase(
         self, name: SyncPhaseName, started: float, targets: dict[str, torch.device]
     ) -> SyncPhase:
-        free = {gpu: self._transport.free_bytes(device) for gpu, device in targets.items()}
+        assert self._transport is not None
+        free = {uuid: self._transport.free_bytes(device) for uuid, device in targets.items()}
         return SyncPhase(name=name, seconds=time.perf_counter() - started, free_bytes=free)
 
     def _free_staging(self) -> None:
         """Free the staging buffers the workers let go of and hand the memory they held in this
-        process's caching allocator back to the driver, where the KV cache can wake into it."""
+        process's caching allocator back, where the KV cache can wake into it."""
+        assert self._transport is not None
         self._transport.collect()
         self._transport.empty_cache()
 
     def _record_loads(
         self,
-        bucket: int,
-        size: int,
+        payload: WeightBucket,
         workers: list[WorkerInfo],
         replies: list[Any],
         loads: dict[int, _RankLoads],
     ) -> None:
-        """Check every worker read the whole bucket; note which parameters, and which parts of
-        fused ones, it wrote."""
+        """Check every tensor of the bucket (less tied aliases of weights in it) reached a
+        weight loader of some rank; note which parameters, and which parts, each wrote."""
         reports = [BucketReport.model_validate(reply) for reply in replies]
         ranks = sorted(report.rank for report in reports)
         if ranks != [w.rank for w in workers]:
             raise RuntimeError(
-                f"{self.name}: bucket {bucket} was answered by ranks {ranks}, "
+                f"{self.name}: bucket {payload.index} was answered by ranks {ranks}, "
                 f"expected {[w.rank for w in workers]}"
             )
+        names = {slot.name for slot in payload.tensors}
+        tied = {w.rank: w.tied for w in workers}
+        short: list[set[str]] = []  # per rank handed less than the bucket: what it left unread
         for report in reports:
-            if report.bucket != bucket or report.received != size:
+            if report.bucket != payload.index:
                 raise RuntimeError(
-                    f"{self.name}: rank {report.rank} read {report.received} tensors of bucket "
-                    f"{report.bucket}; expected {size} of bucket {bucket}"
+                    f"{self.name}: rank {report.rank} answered for bucket {report.bucket}, "
+                    f"expected {payload.index}"
                 )
+            wrong = [n for n in report.skipped if tied[report.rank].get(n) not in names]
+            if wrong:
+                raise RuntimeError(
+                    f"{self.name}: rank {report.rank} skipped {wrong} of bucket {payload.index}, "
+                    "which are not tied to a weight in the bucket"
+                )
+            expected = sum(
+                math.prod(slot.shape) for slot in payload.tensors if slot.name not in report.skipped
+            )
+            if report.elements < expected:
+                short.append(set(report.unread))
             loads[report.rank].add(report)
+        # A rank may read less than the bucket where it holds part of the model (a pipeline
+        # stage); a tensor that no rank's loaders were handed was dropped.
+        dropped = sorted(set.intersection(*short)) if len(short) == len(reports) else []
+        if dropped:
+            shown = ", ".join(dropped[:8]) + (", ..." if len(dropped) > 8 else "")
+            raise RuntimeError(
+                f"{self.name}: no rank's weight loaders were handed {len(dropped)} tensor(s) of "
+                f"bucket {payload.index} (the model's load_weights dropped them): {shown}"
+            )
 
     def _check_complete(self, workers: list[WorkerInfo], loads: dict[int, _RankLoads]) -> None:
         """After discarded weights, every parameter of every rank must have been written, and
-        every part of every fused parameter (vLLM names ``qkv_proj.weight`` loaded after any one
-        of q, k and v)."""
+        every part of every parameter loaded in parts (vLLM names ``qkv_proj.weight`` loaded
+        after any one of q, k and v, ``w13_weight`` after any one expert's w1 or w3)."""
         if self._discarded is None:
             return
         for worker in workers:
@@ -664,32 +765,27 @@ class VLLMEngine(Engine):
                     worker.rank,
                 )
                 continue
+            if record.unknown:
+                name, shard = next(iter(sorted(record.unknown.items())))
+                raise RuntimeError(
+                    f"{self.name}: {self._discarded}; this sync must replace every weight, but "
+                    f"rank {worker.rank} cannot tell which part of {name} its loader wrote "
+                    f"({shard}; {len(record.unknown)} such parameter(s)), so the engine cannot "
+                    "check it and refuses it"
+                )
             missing: list[str] = []
-            unread: list[str] = []
             for name in worker.parameters:
-                parts = packed_parts(name, worker.packed_modules)
+                parts = worker.parts.get(name)
                 if name not in record.loaded:
                     missing.append(name)
-                elif parts is not None and (name in record.unknown or name not in record.shards):
-                    unread.append(name)
                 elif parts is not None:
-                    written = record.shards[name]
+                    written = record.shards.get(name, set())
                     missing += [f"{name}[{p}]" for i, p in enumerate(parts) if i not in written]
-            if unread:
-                logger.warning(
-                    "%s: cannot tell which parts of %d fused parameter(s) of rank %d the sync "
-                    "wrote (their loaders do not take vLLM's shard ids), e.g. %s",
-                    self.name,
-                    len(unread),
-                    worker.rank,
-                    unread[0],
-                )
             if missing:
                 shown = ", ".join(missing[:8]) + (", ..." if len(missing) > 8 else "")
                 raise RuntimeError(
                     f"{self.name}: {self._discarded}, and this sync left {len(missing)} "
-                    f"parameter(s) or fused part(s) of rank {worker.rank} without weights: "
-                    f"{shown}"
+                    f"parameter(s) or part(s) of rank {worker.rank} without weights: {shown}"
                 )
         self._discarded = None
 
@@ -707,9 +803,9 @@ class VLLMEngine(Engine):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
         if self._asleep:
             raise RuntimeError(f"engine {self.name!r} is already asleep ({sorted(self._asleep)})")
-        if self._in_flight:
+        if self._running:
             raise RuntimeError(
-                f"engine {self.name!r} cannot sleep with {self._in_flight} requests in flight"
+                f"engine {self.name!r} cannot sleep with {len(self._running)} requests in flight"
             )
         await self.llm.sleep(level)
         self._asleep = set(_ALL_TAGS)

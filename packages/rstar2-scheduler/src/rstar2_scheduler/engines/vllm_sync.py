@@ -6,8 +6,11 @@ fused vLLM parameter (q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj``: th
 ``state_dict``; the model's ``load_weights`` would also take them apart, but one bucket keeps a
 fused layer from ever holding old and new parts at once. Each name may appear once per sync.
 
-Staging copies a bucket into one flat buffer per target GPU and shares each by handle; the
-buffers must stay alive until every worker has loaded the bucket.
+Staging copies a bucket into one flat buffer per target device and shares each by handle; the
+buffers must stay alive until every worker has loaded the bucket. Floating-point tensors travel
+in the engine's dtype: a tensor that comes in another (a trainer's float32 master weights) is
+cast as it is copied into the buffer, once, so the buffers, the workers' reads and the memory
+a bucket takes are those of the engine's dtype.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from rstar2_scheduler.engine import NamedTensors
+from rstar2_scheduler.engines.vllm_transport import Transport
 from rstar2_scheduler.engines.vllm_wire import (
     TensorSlot,
-    Transport,
     WeightBucket,
     aligned,
     dtype_name,
@@ -57,11 +60,16 @@ def fusion_key(name: str, members: Mapping[str, str]) -> str:
 
 
 def plan_buckets(
-    weights: NamedTensors, *, limit_bytes: int, members: Mapping[str, str]
+    weights: NamedTensors,
+    *,
+    limit_bytes: int,
+    members: Mapping[str, str],
+    dtype: torch.dtype | None = None,
 ) -> Iterator[Bucket]:
     """``weights`` in buckets of at most ``limit_bytes`` (aligned sizes), never splitting
     consecutive parts of one fused parameter; a larger tensor or fused group gets a bucket of
-    its own. Raises ``ValueError`` on a name seen twice and ``TypeError`` on a non-tensor."""
+    its own; sizes are those of the tensors in ``dtype`` (``wire_dtype``). Raises
+    ``ValueError`` on a name seen twice and ``TypeError`` on a non-tensor."""
     if limit_bytes <= 0:
         raise ValueError(f"limit_bytes must be positive, got {limit_bytes}")
     seen: set[str] = set()
@@ -80,7 +88,7 @@ def plan_buckets(
             raise ValueError(f"update_weights: {name!r} appears more than once in one sync")
         seen.add(name)
         key = fusion_key(name, members)
-        nbytes = aligned(tensor.numel() * tensor.element_size())
+        nbytes = aligned(tensor.numel() * wire_dtype(tensor, dtype).itemsize)
         if bucket and size + nbytes > limit_bytes and key != last_key:
             yield bucket
             bucket, size = [], 0
@@ -103,29 +111,44 @@ class StagedBucket:
         return [slot.name for slot in self.payload.tensors]
 
 
+def wire_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype ``tensor`` travels in: ``dtype`` (the engine's) for a floating-point tensor,
+    its own otherwise or without one."""
+    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+
+
 def stage_bucket(
-    index: int, bucket: Bucket, targets: Mapping[str, torch.device], transport: Transport
+    index: int,
+    bucket: Bucket,
+    targets: Mapping[str, torch.device],
+    transport: Transport,
+    *,
+    dtype: torch.dtype | None = None,
 ) -> StagedBucket:
-    """Copy ``bucket`` into one flat buffer on each target GPU (UUID -> this process's device)
-    and share each; the copies have landed when this returns."""
+    """Copy ``bucket`` into one flat buffer on each target device (id -> this process's
+    device), floating-point tensors cast to ``dtype`` on the way, and share each; the copies
+    have landed when this returns."""
     if not bucket:
         raise ValueError("an empty bucket has nothing to stage")
     if not targets:
-        raise ValueError("no GPU to stage the bucket on")
+        raise ValueError("no device to stage the bucket on")
     slots: list[TensorSlot] = []
     offset = 0
     for name, tensor in bucket:
         slots.append(
             TensorSlot(
-                name=name, dtype=dtype_name(tensor.dtype), shape=list(tensor.shape), offset=offset
+                name=name,
+                dtype=dtype_name(wire_dtype(tensor, dtype)),
+                shape=list(tensor.shape),
+                offset=offset,
             )
         )
-        offset += aligned(tensor.numel() * tensor.element_size())
+        offset += aligned(slots[-1].nbytes)
     nbytes = max(offset, 1)
     buffers: list[torch.Tensor] = []
     with torch.no_grad():
         for device in targets.values():
-            buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            buffer = transport.allocate(nbytes, device)
             for slot, (_, tensor) in zip(slots, bucket, strict=True):
                 slot.view(buffer).copy_(tensor.detach(), non_blocking=True)
             buffers.append(buffer)

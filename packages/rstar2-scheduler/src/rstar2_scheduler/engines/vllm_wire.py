@@ -1,4 +1,4 @@
-"""What crosses vLLM's ``collective_rpc`` during a weight sync, and how buffers are shared.
+"""What crosses vLLM's ``collective_rpc`` during a weight sync.
 
 ``AsyncLLM.collective_rpc`` sends its arguments to the engine-core process with vLLM's own
 msgpack encoder (``vllm.v1.serial_utils.MsgpackEncoder``). Without
@@ -7,19 +7,20 @@ lists, dicts) and raises ``TypeError`` for anything else. torch's CUDA-IPC argum
 (``torch.multiprocessing.reductions.reduce_tensor``) hold a tensor class, a storage class and a
 ``torch.dtype``, so they cannot cross as they are: here they travel as a ``CudaIpcHandle`` of
 strings, integers and bytes, and the worker turns it back into ``rebuild_cuda_tensor``'s
-arguments. Everything in this module is plain pydantic over plain data, so what the engine sends
-is validated again where the worker receives it.
+arguments. Workers on CPUs (vLLM's CPU backend) open a file in the node's shared memory
+instead (``SharedMemoryHandle``). Everything in this module is plain pydantic over plain data,
+so what the engine sends is validated again where the worker receives it.
 
 A sync moves weights in buckets. For each bucket the engine packs the tensors into one flat
-``uint8`` buffer per GPU that a vLLM worker runs on (a worker can only open memory of its own
-GPU), and sends one handle per GPU, keyed by the GPU's UUID, with each tensor's name, dtype,
-shape and byte offset in the buffer.
+``uint8`` buffer per device that a vLLM worker runs on (a worker can only open memory of its own
+GPU), and sends one handle per device, keyed by the device's id (a GPU's UUID; for CPU workers
+the node's shared memory), with each tensor's name, dtype, shape and byte offset in the buffer.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol, Self
+from typing import Annotated, Any, Literal, Self
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -60,6 +61,7 @@ class CudaIpcHandle(_Record):
     buffer (tensor and storage classes, dtype ``uint8``, stride 1, offset 0).
     """
 
+    kind: Literal["cuda_ipc"] = "cuda_ipc"
     nbytes: int = Field(gt=0, description="Length of the buffer in bytes.")
     device: int = Field(ge=0, description="The sharing process's device index (informative).")
     handle: bytes = Field(description="cudaIpcMemHandle of the allocation holding the buffer.")
@@ -140,6 +142,20 @@ class CudaIpcHandle(_Record):
         )
 
 
+class SharedMemoryHandle(_Record):
+    """One flat byte buffer in a file of the node's shared memory (a tmpfs such as
+    ``/dev/shm``), which a process of the same node maps as it is: no copy is made. The sharing
+    process removes the file once every worker has loaded the bucket."""
+
+    kind: Literal["shared_memory"] = "shared_memory"
+    path: str = Field(min_length=1, description="The file holding the buffer.")
+    nbytes: int = Field(gt=0, description="Length of the buffer in bytes.")
+
+
+BufferHandle = Annotated[CudaIpcHandle | SharedMemoryHandle, Field(discriminator="kind")]
+"""How a worker opens one copy of a bucket's buffer."""
+
+
 class TensorSlot(_Record):
     """Where one named tensor lies in a bucket's buffer."""
 
@@ -177,8 +193,8 @@ class WeightBucket(_Record):
     index: int = Field(ge=0, description="Position of the bucket in its sync.")
     nbytes: int = Field(gt=0, description="Size of the buffer.")
     tensors: list[TensorSlot] = Field(min_length=1)
-    buffers: dict[str, CudaIpcHandle] = Field(
-        min_length=1, description="GPU UUID -> the buffer's copy on that GPU."
+    buffers: dict[str, BufferHandle] = Field(
+        min_length=1, description="Device id -> the buffer's copy on that device."
     )
 
     @model_validator(mode="after")
@@ -200,7 +216,7 @@ class WeightBucket(_Record):
         for gpu, buffer in self.buffers.items():
             if buffer.nbytes != self.nbytes:
                 raise ValueError(
-                    f"bucket {self.index}: the buffer on GPU {gpu} has {buffer.nbytes} bytes, "
+                    f"bucket {self.index}: the buffer on {gpu} has {buffer.nbytes} bytes, "
                     f"expected {self.nbytes}"
                 )
         return self
@@ -210,11 +226,27 @@ class WorkerInfo(_Record):
     """What a vLLM worker tells the engine before the first sync."""
 
     rank: int = Field(ge=0)
-    device_uuid: str = Field(min_length=1)
+    device_uuid: str = Field(
+        min_length=1,
+        description="The device's id: a GPU's UUID, or for a CPU worker its node's shared "
+        "memory (SharedMemoryTransport.node_id).",
+    )
+    device_type: Literal["cuda", "cpu"] = Field(
+        default="cuda", description="Which transport reaches the worker."
+    )
+    dtype: str | None = Field(
+        default=None, description="The model's weight dtype (vLLM's model_config.dtype)."
+    )
     parameters: list[str] = Field(description="The model's parameter names (vLLM's, fused).")
     packed_modules: dict[str, list[str]] = Field(
         default_factory=dict,
         description="The model's packed_modules_mapping (qkv_proj -> [q_proj, k_proj, v_proj]).",
+    )
+    parts: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Parameter loaded in parts -> its parts, in the order BucketReport.shards "
+        "indexes them: a fused layer's (q_proj, k_proj, v_proj), or an MoE layer's experts "
+        "and their w1/w3 (w13_weight) or w2 (w2_weight) on this rank.",
     )
     tied: dict[str, str] = Field(
         default_factory=dict, description="Parameter name -> the name it is tied to."
@@ -227,91 +259,34 @@ class BucketReport(_Record):
 
     rank: int = Field(ge=0)
     bucket: int = Field(ge=0)
-    received: int = Field(ge=0, description="Tensors read from the bucket.")
+    elements: int = Field(
+        ge=0,
+        description="Elements of the bucket's tensors that reached a parameter's weight loader "
+        "(counted per loader call as the model's load_weights makes it; less than the bucket "
+        "where the model drops a tensor, or holds part of the layers: a pipeline stage).",
+    )
+    skipped: list[str] = Field(
+        default_factory=list,
+        description="Tied aliases not loaded because the weight they are tied to came in the "
+        "same bucket.",
+    )
+    unread: list[str] = Field(
+        default_factory=list,
+        description="When elements fall short: the bucket's tensors no weight loader was seen "
+        "reading (by buffer address; a loader handed a converted copy is not seen).",
+    )
     loaded: list[str] | None = Field(
         description="Parameters the model's load_weights reports it wrote; None when it "
         "reports nothing."
     )
     shards: dict[str, list[int]] = Field(
         default_factory=dict,
-        description="Fused parameter -> the indices of its parts (in packed_modules order) its "
-        "weight loader wrote; all of them for a tensor that came fused.",
+        description="Parameter loaded in parts -> the indices of the parts (WorkerInfo.parts) "
+        "its weight loader wrote; all of them for a tensor that came whole.",
     )
-    unknown_shards: list[str] = Field(
-        default_factory=list,
-        description="Fused parameters written by a loader call whose shard this worker cannot "
-        "tell (or that bypassed the parameter's weight loader).",
+    unknown_shards: dict[str, str] = Field(
+        default_factory=dict,
+        description="Parameter loaded in parts -> a shard id its weight loader was called with "
+        "that names no part this worker can tell (e.g. a shard id this version of rstar2 does "
+        "not know).",
     )
-
-
-class Transport(Protocol):
-    """How buffers are shared between the engine's process and its vLLM workers."""
-
-    def device_uuid(self, device: torch.device) -> str:
-        """The physical GPU behind ``device``."""
-        ...
-
-    def local_devices(self) -> dict[str, torch.device]:
-        """The GPUs this process can use, by UUID."""
-        ...
-
-    def share(self, buffer: torch.Tensor) -> CudaIpcHandle:
-        """A handle another process of this node can open ``buffer`` with."""
-        ...
-
-    def open(self, handle: CudaIpcHandle, device: torch.device) -> torch.Tensor:
-        """The buffer behind ``handle``, on ``device`` (the same physical GPU)."""
-        ...
-
-    def synchronize(self, device: torch.device) -> None:
-        """Wait for the work queued on ``device``."""
-        ...
-
-    def collect(self) -> None:
-        """Free shared buffers whose consumers have let them go."""
-        ...
-
-    def empty_cache(self) -> None:
-        """Hand this process's cached, unused GPU memory back to the driver (torch's caching
-        allocator keeps freed blocks for reuse, out of reach of other processes)."""
-        ...
-
-    def free_bytes(self, device: torch.device) -> int:
-        """Free memory of the GPU behind ``device``, as its driver reports it (all processes)."""
-        ...
-
-
-class CudaIpcTransport:
-    """torch's CUDA IPC (``reduce_tensor`` / ``rebuild_cuda_tensor``): processes of one node."""
-
-    def device_uuid(self, device: torch.device) -> str:
-        return str(torch.cuda.get_device_properties(device).uuid)
-
-    def local_devices(self) -> dict[str, torch.device]:
-        devices = [torch.device("cuda", index) for index in range(torch.cuda.device_count())]
-        return {self.device_uuid(device): device for device in devices}
-
-    def share(self, buffer: torch.Tensor) -> CudaIpcHandle:
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        args: tuple[Any, ...] = reduce_tensor(buffer)[1]  # type: ignore[no-untyped-call]
-        return CudaIpcHandle.from_reduce_args(args)
-
-    def open(self, handle: CudaIpcHandle, device: torch.device) -> torch.Tensor:
-        from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        tensor: torch.Tensor = rebuild_cuda_tensor(*handle.rebuild_args(index))  # type: ignore[no-untyped-call]
-        return tensor
-
-    def synchronize(self, device: torch.device) -> None:
-        torch.cuda.synchronize(device)
-
-    def collect(self) -> None:
-        torch.cuda.ipc_collect()  # type: ignore[no-untyped-call,unused-ignore]
-
-    def empty_cache(self) -> None:
-        torch.cuda.empty_cache()
-
-    def free_bytes(self, device: torch.device) -> int:
-        return int(torch.cuda.mem_get_info(device)[0])
