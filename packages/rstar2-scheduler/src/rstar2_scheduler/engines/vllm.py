@@ -354,6 +354,7 @@ class VLLMEngine(Engine):
         self._workers: list[WorkerInfo] | None = None
         self._asleep: set[str] = set()
         self._discarded: str | None = None  # why the weights are not whole, if they are not
+        self._packed = False  # the workers' layers are packed (vLLM's CPU backend): sync whole
         self._running: set[str] = set()  # ids of the requests vLLM holds for this engine
         self._failures = 0  # failed syncs that left the weights broken, so far
         self._unlike_trainer: set[tuple[float, float]] = set()  # samplings already warned of
@@ -527,6 +528,7 @@ class VLLMEngine(Engine):
             if not workers:
                 raise RuntimeError(f"{self.name}: vLLM reported no workers")
             self._workers = workers
+            self._packed = any(w.packed for w in workers)
         return self._workers
 
     def _sync_transport(self, workers: list[WorkerInfo]) -> Transport:
@@ -753,7 +755,10 @@ class VLLMEngine(Engine):
         """After discarded weights, every parameter of every rank must have been written, and
         every part of every parameter loaded in parts (vLLM names ``qkv_proj.weight`` loaded
         after any one of q, k and v, ``w13_weight`` after any one expert's w1 or w3)."""
-        if self._discarded is None:
+        reason = self._discarded
+        if reason is None and self._packed:
+            reason = "vLLM's CPU backend packed the linear weights and emptied them"
+        if reason is None:
             return
         for worker in workers:
             record = loads[worker.rank]
@@ -768,7 +773,7 @@ class VLLMEngine(Engine):
             if record.unknown:
                 name, shard = next(iter(sorted(record.unknown.items())))
                 raise RuntimeError(
-                    f"{self.name}: {self._discarded}; this sync must replace every weight, but "
+                    f"{self.name}: {reason}; this sync must replace every weight, but "
                     f"rank {worker.rank} cannot tell which part of {name} its loader wrote "
                     f"({shard}; {len(record.unknown)} such parameter(s)), so the engine cannot "
                     "check it and refuses it"
@@ -784,10 +789,11 @@ class VLLMEngine(Engine):
             if missing:
                 shown = ", ".join(missing[:8]) + (", ..." if len(missing) > 8 else "")
                 raise RuntimeError(
-                    f"{self.name}: {self._discarded}, and this sync left {len(missing)} "
+                    f"{self.name}: {reason}, and this sync left {len(missing)} "
                     f"parameter(s) or part(s) of rank {worker.rank} without weights: {shown}"
                 )
         self._discarded = None
+        self._packed = False
 
     async def reset_prefix_cache(self) -> None:
         """Forget cached prefixes (they were computed with the old weights). Running requests

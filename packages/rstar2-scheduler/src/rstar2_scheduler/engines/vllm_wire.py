@@ -252,6 +252,11 @@ class WorkerInfo(_Record):
         default_factory=dict, description="Parameter name -> the name it is tied to."
     )
     quantization: str | None = None
+    packed: bool = Field(
+        default=False,
+        description="vLLM's CPU backend packed linear weights and emptied them (vllm_cpu): the "
+        "first sync must bring every weight.",
+    )
 
 
 class BucketReport(_Record):

@@ -38,6 +38,7 @@ from typing import Any, Protocol, cast
 
 import torch
 
+from rstar2_scheduler.engines import vllm_cpu
 from rstar2_scheduler.engines.vllm_sync import packed_parts
 from rstar2_scheduler.engines.vllm_transport import Transport, transport_for
 from rstar2_scheduler.engines.vllm_wire import BucketReport, WeightBucket, WorkerInfo, dtype_name
@@ -338,6 +339,7 @@ class WeightSyncExtension:
             parts=parameter_parts(model, packed),
             tied=tied_parameters(model),
             quantization=getattr(model_config, "quantization", None),
+            packed=bool(vllm_cpu.packed_layers(cast(torch.nn.Module, model))),
         )
         return info.model_dump()
 
@@ -356,6 +358,9 @@ class WeightSyncExtension:
             )
         buffer = transport.open(handle, worker.device)
         model: _Model = worker.get_model()
+        cpu = worker.device.type == "cpu"
+        if cpu:
+            vllm_cpu.unpack(cast(torch.nn.Module, model))
         tied = tied_parameters(model)
         names = {slot.name for slot in payload.tensors}
         weights: list[tuple[str, torch.Tensor]] = []
@@ -368,12 +373,16 @@ class WeightSyncExtension:
             weights.append((name, slot.view(buffer)))
         expected = sum(tensor.numel() for _, tensor in weights)
         packed = _packed_modules(model)
-        with (
-            recording_loads(model, parameter_parts(model, packed)) as record,
-            _current_config(worker),
-            torch.no_grad(),
-        ):
-            loaded = model.load_weights(weights)
+        try:
+            with (
+                recording_loads(model, parameter_parts(model, packed)) as record,
+                _current_config(worker),
+                torch.no_grad(),
+            ):
+                loaded = model.load_weights(weights)
+        finally:
+            if cpu:
+                vllm_cpu.compute_unpacked(cast(torch.nn.Module, model))
         transport.synchronize(worker.device)  # the copies out of the shared buffer are done
         unread = (
             _unread(payload, buffer, skipped, record.addresses)
