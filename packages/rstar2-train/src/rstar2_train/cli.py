@@ -61,11 +61,12 @@ def _configure_logging(level: str, errors: Console) -> None:
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
-def _fail(message: str) -> typer.Exit:
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    """One ``error:`` line; exit status 2 for bad input, 1 for a run that failed."""
     command_console(stderr=True).print(
         f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True
     )
-    return typer.Exit(2)
+    return typer.Exit(code)
 
 
 @app.command()
@@ -124,6 +125,7 @@ def stage(
         raise _fail(str(error)) from None
     # A valid config: now the trainer and its libraries.
     from rstar2_train.progress_log import stage_reporter
+    from rstar2_train.rl.sandbox_health import SandboxUnavailableError
     from rstar2_train.run_dir import RunError
     from rstar2_train.runner import run_stage
 
@@ -132,6 +134,8 @@ def stage(
     reporter = stage_reporter(errors, live=progress, every=log_every)
     try:
         final = run_stage(resolved, resume=resume, allow_changes=allow_changes, reporter=reporter)
+    except SandboxUnavailableError as error:
+        raise _fail(str(error), code=1) from None
     except (RunError, ValueError, OSError, ImportError) as error:
         raise _fail(str(error)) from None
     command_console().print(f"done: final weights in {final}", highlight=False)
@@ -232,6 +236,7 @@ def demo(
     rstar2-eval, and print a before/after table (on stdout; logs and progress on stderr)."""
     from rstar2_eval import InputError
     from rstar2_train.demo import DemoOptions, run_async_ablation, run_demo
+    from rstar2_train.rl.sandbox_health import SandboxUnavailableError
     from rstar2_train.run_dir import RunError
 
     errors = command_console(stderr=True)  # logs and progress
@@ -254,5 +259,7 @@ def demo(
             run_async_ablation(options, console=errors, results=command_console())
         else:
             run_demo(options, console=errors, results=command_console())
+    except SandboxUnavailableError as error:
+        raise _fail(str(error), code=1) from None
     except (RunError, ValueError, OSError, ImportError, InputError) as error:
         raise _fail(str(error)) from None

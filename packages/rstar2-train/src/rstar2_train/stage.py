@@ -221,6 +221,12 @@ class StageRun:
         logger.info("saved %s", folder)
         return folder
 
+    def save_finished(self, step: int, total_steps: int) -> None:
+        """A checkpoint of finished step ``step`` unless it has one: a stage that stops early
+        keeps what it trained."""
+        if step > self.start_step and not step_folder(self.dir.checkpoints, step).exists():
+            self.save(step=step, total_steps=total_steps)
+
     def after_step(self, step: int, total_steps: int, metrics: dict[str, float]) -> None:
         """Log the step and write a checkpoint when one is due; the first step of this process
         also records how long it took to get there (``startup/*``)."""

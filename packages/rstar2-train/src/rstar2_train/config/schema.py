@@ -405,6 +405,24 @@ class SandboxConfig(_Section):
         default_factory=ExecutorSettings,
         description="The embedded sandbox's fork-servers, slots and limits.",
     )
+    check_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="The call that checks the sandbox before the first step must answer within "
+        "this (an embedded sandbox starts its fork-servers for it).",
+    )
+    max_consecutive_failures: int = Field(
+        default=8,
+        ge=1,
+        description="Sandbox calls failing in a row (no answer, or its own internal error) that "
+        "stop the stage, after a checkpoint of the last finished step, with exit status 1.",
+    )
+    error_rate_warning: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Share of a step's sandbox calls that may fail before the step logs a warning.",
+    )
 
 
 class ValidationConfig(_Section):

@@ -172,6 +172,7 @@ class AsyncRLTrainer(RLTrainer):
                 idle = loop.time() - waited
                 queued = buffer.queued_groups
                 generating = buffer.unconsumed - queued - per_step
+                sandbox_metrics = self.check_sandbox(step, parts, parts.order.state_dict())
                 indices = parts.order.take(per_step)
                 if indices != launched.pop(step):
                     raise RuntimeError(f"step {step} trained on other groups than it generated")
@@ -186,6 +187,7 @@ class AsyncRLTrainer(RLTrainer):
                         lag_metrics, version=step - 1, initial=run.start_step, max_staleness=eta
                     ),
                 )
+                metrics.update(sandbox_metrics)
                 await buffer.consumed()
                 now, busy = loop.time(), sum(gate.busy_s())
                 metrics["time/step_s"] = now - mark

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal
@@ -101,12 +101,18 @@ class RolloutResources:
 
 @asynccontextmanager
 async def rollout_resources(
-    engines: list[Engine], sandbox: Sandbox, grader: Grading
+    engines: list[Engine],
+    sandbox: Sandbox,
+    grader: Grading,
+    *,
+    check: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncIterator[RolloutResources]:
     """Start everything, and stop it all however the stage ends.
 
-    Grading warms up (its math-verify workers start and verify one answer) while the engines
-    start: a cold worker would otherwise hold up the first answer that needs it by seconds.
+    Grading warms up (its math-verify workers start and verify one answer) while ``check``
+    (the sandbox's) runs and the engines start: a cold worker would otherwise hold up the first
+    answer that needs it by seconds. The check comes before the engines, so a dead sandbox
+    stops the stage before a long engine start.
     """
     async with AsyncExitStack() as stack:
         stack.push_async_callback(grader.aclose)
@@ -115,6 +121,8 @@ async def rollout_resources(
             stack.push_async_callback(engine.close)
         warming = asyncio.ensure_future(grader.warm_up())
         try:
+            if check is not None:
+                await check()
             for engine in engines:
                 await engine.start()
         finally:

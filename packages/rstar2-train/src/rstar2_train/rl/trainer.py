@@ -26,6 +26,7 @@ from rstar2_train.placement.engines import COLOCATED_SLEEP_LEVEL, ray_engines, s
 from rstar2_train.rl.report import rollout_metrics, sample_rows, write_samples
 from rstar2_train.rl.resources import RolloutResources, rollout_resources, training_side
 from rstar2_train.rl.rollouts import RolloutPhaseResult, ScoredRollout, collect, rollout_seed
+from rstar2_train.rl.sandbox_health import GuardedSandbox
 from rstar2_train.rl.selection import select
 from rstar2_train.rl.update import BehaviourCorrection, policy_update, training_sequences
 from rstar2_train.rl.validation import Validator
@@ -43,6 +44,7 @@ class StageParts:
     actor: TrainingActor
     runner: RolloutRunner
     resources: RolloutResources
+    sandbox: GuardedSandbox
     pad: int
     validate: Callable[[int], Awaitable[dict[str, float]]]
 
@@ -101,37 +103,40 @@ class RLTrainer:
             else None
         )
         total = rl.steps * rl.ppo_mini_batches
-        async with (
-            training_side(config, model, model_path=model_path, total_steps=total) as side,
-            rollout_resources(side.engines, side.sandbox, side.grader) as resources,
-        ):
-            actor = side.actor
-            self.colocated = side.mode == "colocated"
-            run.restore(actor, tokenizer, order)
-            runner = RolloutRunner(tokenizer, resources.sandbox, config.rollout)
-            pad = int(tokenizer.pad_token_id or 0)
-            run.reporter.start(f"rl {config.name}", rl.steps, run.start_step)
+        async with training_side(config, model, model_path=model_path, total_steps=total) as side:
+            sandbox = GuardedSandbox(side.sandbox, rl.sandbox)
+            async with rollout_resources(
+                side.engines, sandbox, side.grader, check=sandbox.check
+            ) as resources:
+                actor = side.actor
+                self.colocated = side.mode == "colocated"
+                run.restore(actor, tokenizer, order)
+                runner = RolloutRunner(tokenizer, resources.sandbox, config.rollout)
+                pad = int(tokenizer.pad_token_id or 0)
+                run.reporter.start(f"rl {config.name}", rl.steps, run.start_step)
 
-            async def validate(step: int) -> dict[str, float]:
-                if validator is None or not validator.due(step):
-                    return {}
-                run.reporter.phase("validation")
-                return await validator.run(
-                    step,
-                    resources=resources,
-                    tokenizer=tokenizer,
-                    chat=config.chat,
-                    label=config.name,
+                async def validate(step: int) -> dict[str, float]:
+                    if validator is None or not validator.due(step):
+                        return {}
+                    run.reporter.phase("validation")
+                    return await validator.run(
+                        step,
+                        resources=resources,
+                        tokenizer=tokenizer,
+                        chat=config.chat,
+                        label=config.name,
+                    )
+
+                # A kill after the start's validation was logged must not log it twice.
+                if run.start_step == 0 and not any(r["step"] == 0 for r in run.metrics.records):
+                    initial = await validate(0)
+                    if initial:
+                        run.metrics.write(0, initial)
+                await self.loop(
+                    StageParts(problems, order, actor, runner, resources, sandbox, pad, validate)
                 )
-
-            # A kill after the start's validation was logged must not log it twice.
-            if run.start_step == 0 and not any(r["step"] == 0 for r in run.metrics.records):
-                initial = await validate(0)
-                if initial:
-                    run.metrics.write(0, initial)
-            await self.loop(StageParts(problems, order, actor, runner, resources, pad, validate))
-            # Inside: a distributed trainer's ranks hold the weights the final checkpoint needs.
-            return run.finish(rl.steps)
+                # Inside: a distributed trainer's ranks hold the weights the final checkpoint needs.
+                return run.finish(rl.steps)
 
     async def loop(self, parts: StageParts) -> None:
         """Steps ``start_step + 1 .. rl.steps``, each logged and checkpointed when due."""
@@ -139,6 +144,7 @@ class RLTrainer:
         scheduler = RolloutScheduler(parts.resources.engines, rl.scheduler)
         began = time.perf_counter()
         for step in range(run.start_step + 1, rl.steps + 1):
+            position = parts.order.state_dict()
             problems = [parts.problems[i] for i in parts.order.take(rl.prompts_per_step)]
             started = time.perf_counter()
             phase = await collect(
@@ -151,7 +157,9 @@ class RLTrainer:
                 grader=parts.resources.grader,
                 on_progress=lambda done, total: run.reporter.phase(f"rollouts {done}/{total}"),
             )
+            sandbox_metrics = self.check_sandbox(step, parts, position)
             metrics = await self.learn(step, phase, parts, sync=self._sync)
+            metrics.update(sandbox_metrics)
             metrics["time/step_s"] = time.perf_counter() - started
             metrics["engines/idle_fraction"] = 1 - phase.metrics.busy_s / (
                 len(parts.resources.engines) * metrics["time/step_s"]
@@ -160,6 +168,19 @@ class RLTrainer:
             metrics["time/elapsed_s"] = time.perf_counter() - began
             metrics.update(await parts.validate(step))
             run.after_step(step, rl.steps, metrics)
+
+    def check_sandbox(
+        self, step: int, parts: StageParts, position: dict[str, int]
+    ) -> dict[str, float]:
+        """The step's sandbox figures; a sandbox taken for down stops the stage before the step
+        trains on its rollouts, after a checkpoint of the last finished step (the data order
+        back at ``position``, where that step left it)."""
+        metrics = parts.sandbox.step_metrics(step)
+        if parts.sandbox.down is not None:
+            parts.order.load_state_dict(position)
+            self.run.save_finished(step - 1, self.rl.steps)
+            parts.sandbox.raise_if_down(step)
+        return metrics
 
     async def _sync(self, step: int, parts: StageParts) -> None:
         self.run.reporter.phase("weight sync")  # colocated: the engines wake with the sync
