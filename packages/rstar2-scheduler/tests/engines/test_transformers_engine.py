@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -225,14 +226,29 @@ async def test_slots_grow_for_a_longer_request_and_keep_exact_logprobs(
     """A row that needs more columns than the slot cache has reallocates it; the rows it held
     keep their keys and values and continue exactly."""
     async with make_engine(model, "slots", kv_budget_tokens=4096, max_batch_size=4) as engine:
+        held, release = asyncio.Event(), threading.Event()
+        loop = asyncio.get_running_loop()
+
+        def hold() -> None:  # in the engine's thread, before its first decode step
+            loop.call_soon_threadsafe(held.set)
+            release.wait()
+
+        record_forwards(engine, after=2, then=hold)
         short = asyncio.create_task(engine.generate(ask([3, 4, 5], 60, "short", seed=1)))
-        await asyncio.sleep(0.05)
-        batch = engine._batch
-        assert isinstance(batch, SlotBatch)
-        assert batch.cache is not None
-        assert batch.cache.column_count == COLUMN_BLOCK
         prompt = [(3 * j) % 500 + 2 for j in range(300)]
-        long = await engine.generate(ask(prompt, 8, "long", seed=2))
+        try:
+            # Held after the short row's prefill, however slow the machine: its cache exists.
+            await held.wait()
+            batch = engine._batch
+            assert isinstance(batch, SlotBatch)
+            assert batch.cache is not None
+            assert batch.cache.column_count == COLUMN_BLOCK
+            long_task = asyncio.create_task(engine.generate(ask(prompt, 8, "long", seed=2)))
+            await asyncio.sleep(0)  # generate() queues it without waiting for anything
+            assert [row.request.request_id for row in engine._pending] == ["long"]
+        finally:
+            release.set()
+        long = await long_task
         assert batch.cache.column_count == 2 * COLUMN_BLOCK
         results = [await short, long]
     for request_prompt, result in zip([[3, 4, 5], prompt], results, strict=True):
