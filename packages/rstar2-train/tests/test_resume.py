@@ -143,3 +143,66 @@ def test_sft_stage_resumes_to_the_same_weights(demo_data: DemoData, tmp_path: Pa
     assert progress == ["30/40", "40/40"], done.stderr
     run_stage(config("whole"))
     assert_same(tmp_path / "killed", tmp_path / "whole")
+
+
+def run_and_signal(config: StageConfig, tmp_path: Path, signum: int, *, after_step: int) -> str:
+    """Start the stage from the command line, send it ``signum`` once step ``after_step`` is
+    logged, and return the last line it wrote on stderr; it must exit as the signal says."""
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config(config))
+    command = [sys.executable, "-m", "rstar2_train", "stage", str(path), "--no-progress"]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    metrics = Path(config.output_dir) / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    try:
+        while len(read_metrics(metrics)) < after_step:
+            assert process.poll() is None, "the stage ended before the signal"
+            assert time.monotonic() < deadline, "the stage did not reach the step"
+            time.sleep(0.05)
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 128 + signum, err
+    assert out == ""
+    assert "Traceback" not in err
+    return err.splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("kind", "signum"), [("sft", signal.SIGINT), ("rl", signal.SIGTERM)], ids=["sft", "rl"]
+)
+def test_a_signal_saves_the_step_and_the_resumed_stage_reaches_the_same_weights(
+    kind: str, signum: int, sft_run: Path, demo_data: DemoData, tmp_path: Path
+) -> None:
+    def config(name: str) -> StageConfig:
+        never = "checkpoint.every_steps=null"  # only the stop saves before the end
+        if kind == "sft":
+            return sft_config(demo_data, tmp_path / name, "sft.max_steps=40", never)
+        return rl_config(
+            demo_data,
+            sft_run / "final",
+            tmp_path / name,
+            "rl.steps=4",
+            never,
+            "schedule.warmup_steps=0",
+        )
+
+    total = 40 if kind == "sft" else 4
+    line = run_and_signal(config("stopped"), tmp_path, signum, after_step=1 if kind == "rl" else 5)
+    found = re.fullmatch(
+        r"interrupted at step (\d+); run the same command again with --resume to resume", line
+    )
+    assert found is not None, line
+    step = int(found[1])
+    assert step < total
+    checkpoints = list_checkpoints(tmp_path / "stopped" / "checkpoints")
+    assert [path.name for path in checkpoints] == [f"step-{step:06d}"]
+    assert not (tmp_path / "stopped" / "final").exists()
+    run_stage(config("stopped"), resume=True)
+    run_stage(config("whole"))
+    assert_same(tmp_path / "stopped", tmp_path / "whole", exact=True)

@@ -61,6 +61,17 @@ def _configure_logging(level: str, errors: Console) -> None:
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
+def _interrupted(step: int | None, code: int, *, again: str = "again") -> typer.Exit:
+    """The line a stopped run ends with; exit status 128 + the signal, as the shell reports."""
+    where = f" at step {step}" if step is not None else ""
+    command_console(stderr=True).print(
+        f"interrupted{where}; run the same command {again} to resume",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return typer.Exit(code)
+
+
 def _fail(message: str, code: int = 2) -> typer.Exit:
     """One ``error:`` line; exit status 2 for bad input, 1 for a run that failed."""
     command_console(stderr=True).print(
@@ -124,6 +135,7 @@ def stage(
     except ConfigError as error:
         raise _fail(str(error)) from None
     # A valid config: now the trainer and its libraries.
+    from rstar2_train.interrupt import StageInterrupted
     from rstar2_train.progress_log import stage_reporter
     from rstar2_train.rl.sandbox_health import SandboxUnavailableError
     from rstar2_train.run_dir import RunError
@@ -134,6 +146,9 @@ def stage(
     reporter = stage_reporter(errors, live=progress, every=log_every)
     try:
         final = run_stage(resolved, resume=resume, allow_changes=allow_changes, reporter=reporter)
+    except StageInterrupted as stop:
+        again = "again" if resume else "again with --resume"
+        raise _interrupted(stop.step, stop.exit_code, again=again) from None
     except SandboxUnavailableError as error:
         raise _fail(str(error), code=1) from None
     except (RunError, ValueError, OSError, ImportError) as error:
@@ -236,6 +251,7 @@ def demo(
     rstar2-eval, and print a before/after table (on stdout; logs and progress on stderr)."""
     from rstar2_eval import InputError
     from rstar2_train.demo import DemoOptions, run_async_ablation, run_demo
+    from rstar2_train.interrupt import StageInterrupted
     from rstar2_train.rl.sandbox_health import SandboxUnavailableError
     from rstar2_train.run_dir import RunError
 
@@ -259,6 +275,10 @@ def demo(
             run_async_ablation(options, console=errors, results=command_console())
         else:
             run_demo(options, console=errors, results=command_console())
+    except StageInterrupted as stop:
+        raise _interrupted(stop.step, stop.exit_code) from None
+    except KeyboardInterrupt:  # between stages, or in an evaluation (which resumes too)
+        raise _interrupted(None, 130) from None
     except SandboxUnavailableError as error:
         raise _fail(str(error), code=1) from None
     except (RunError, ValueError, OSError, ImportError, InputError) as error:

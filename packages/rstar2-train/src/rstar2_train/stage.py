@@ -27,6 +27,7 @@ from rstar2_train.checkpoint import (
 from rstar2_train.config.schema import StageConfig
 from rstar2_train.data import DataOrder
 from rstar2_train.devices import resolve_device
+from rstar2_train.interrupt import StageInterrupted, StopSignals
 from rstar2_train.memory import plan_stage_memory
 from rstar2_train.metrics import MetricsLog, read_metrics
 from rstar2_train.modeling import (
@@ -59,9 +60,12 @@ class StageRun:
         reporter: Reporter | None = None,
     ) -> None:
         self.clock = FirstStepClock()
+        self.signals = StopSignals()
+        self.signals.install()
         try:
             self._prepare(config, resume=resume, allow_changes=allow_changes, reporter=reporter)
         except BaseException:
+            self.signals.restore()
             self.clock.close()
             raise
 
@@ -229,13 +233,18 @@ class StageRun:
 
     def after_step(self, step: int, total_steps: int, metrics: dict[str, float]) -> None:
         """Log the step and write a checkpoint when one is due; the first step of this process
-        also records how long it took to get there (``startup/*``)."""
+        also records how long it took to get there (``startup/*``). After SIGINT or SIGTERM,
+        the checkpoint is due now and ``StageInterrupted`` stops the stage."""
         metrics = {**metrics, **self.clock.metrics()}
         self.metrics.write(step, metrics)
         self.reporter.step(step, metrics)
         every = self.config.checkpoint.every_steps
         if step == total_steps or (every is not None and step % every == 0):
             self.save(step=step, total_steps=total_steps)
+        signum = self.signals.received
+        if signum is not None and step < total_steps:
+            self.save_finished(step, total_steps)
+            raise StageInterrupted(step, signum)
 
     def finish(self, total_steps: int) -> Path:
         """The final checkpoint and the plots."""
@@ -246,6 +255,7 @@ class StageRun:
         return final
 
     def close(self, *, failed: bool = False) -> None:
+        self.signals.restore()
         self.clock.close()
         self.metrics.close(failed=failed)
         self.reporter.stop()
