@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,6 +100,46 @@ def test_an_unreachable_hub_model_fails_before_the_data_is_built(
         "to its folder"
     ) in " ".join(result.output.split())
     assert not (tmp_path / "run" / "data").exists()  # failed before building any data
+
+
+# The command line as a user runs it, reporting at exit which heavy libraries it had loaded.
+LOADED_AT_EXIT = """
+import sys
+from rstar2_train.cli import app
+try:
+    app(sys.argv[1:], prog_name="rstar2-train")
+finally:
+    print("loaded:", [name for name in ("torch", "transformers") if name in sys.modules])
+"""
+
+
+def test_an_unreachable_hub_endpoint_fails_before_the_trainer_loads(tmp_path: Path) -> None:
+    """No network: the hub probe's refusal ends the command before torch and transformers are
+    imported (about 12 s of a 2-core machine's CPU), naming the local copy and HF_HUB_OFFLINE."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("HF_")}
+    env |= {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        env.pop(name, None)  # a proxy would make the probe trust the hub
+    hub_model = ["model.path=org/no-such-model", "model.init=null", "tokenizer.train=null"]
+    overrides = [part for setting in hub_model for part in ("--set", setting)]
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED_AT_EXIT, "stage", "tiny-sft", *overrides],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stdout.splitlines() == ["loaded: []"]
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(
+        "error: could not reach model.path 'org/no-such-model' on the Hugging Face hub "
+        "(127.0.0.1:9: "
+    )
+    assert "set model.path to its folder" in line
+    assert "HF_HUB_OFFLINE=1" in line
+    assert not (tmp_path / "runs").exists()  # nothing written
 
 
 def test_output_is_a_hidden_old_name_of_out(tmp_path: Path) -> None:

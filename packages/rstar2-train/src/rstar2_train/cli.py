@@ -134,7 +134,14 @@ def stage(
         resolved = load_config(config, settings)
     except ConfigError as error:
         raise _fail(str(error)) from None
-    # A valid config: now the trainer and its libraries.
+    if not resume:  # a resumed stage loads its checkpoint instead
+        from rstar2_train.sources import CheckpointNotFoundError, check_stage_sources
+
+        try:
+            check_stage_sources(resolved)
+        except CheckpointNotFoundError as error:
+            raise _fail(str(error)) from None
+    # A valid config and loadable sources: now the trainer and its libraries.
     from rstar2_train.interrupt import StageInterrupted
     from rstar2_train.progress_log import stage_reporter
     from rstar2_train.rl.sandbox_health import SandboxUnavailableError

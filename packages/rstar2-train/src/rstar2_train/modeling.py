@@ -18,13 +18,19 @@ from transformers import (
 )
 
 from rstar2_data import build_tokenizer
-from rstar2_data.hub import hub_problem, unreachable_message
+from rstar2_data.hub import hub_problem
 from rstar2_scheduler import ChatProtocol, install_chat_template
 from rstar2_scheduler.protocol import SPECIAL_TOKENS
 from rstar2_train.attention import VARLEN_ATTENTION, varlen_unavailable
 from rstar2_train.config.schema import ModelConfig, StageConfig, TokenizerTraining
 from rstar2_train.devices import DTYPES, trainer_on_gpu
 from rstar2_train.devices import resolve_device as resolve_device  # re-exported
+from rstar2_train.sources import (
+    TOKENIZER_SETTING,
+    CheckpointNotFoundError,
+    check_source,
+    unreachable_source,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -79,47 +85,6 @@ def resolve_attention(config: StageConfig) -> tuple[StageConfig, AttentionChoice
     return config.model_copy(update={"model": model}), choice
 
 
-TOKENIZER_SETTING = "tokenizer.path (or model.path)"
-
-
-class CheckpointNotFoundError(ValueError):
-    """A model or tokenizer path that is neither a checkpoint folder nor a loadable hub id."""
-
-
-def _unreachable(
-    path: str, what: str, problem: str, setting: str | None
-) -> CheckpointNotFoundError:
-    hint = f"download it where the hub is reachable and set {setting or what} to its folder"
-    return CheckpointNotFoundError(unreachable_message(f"{what} {path!r}", problem, hint))
-
-
-def _cached(repo_id: str, filename: str) -> bool:
-    """Whether the hub cache holds ``filename`` of ``repo_id`` (usable with the hub offline)."""
-    from huggingface_hub import try_to_load_from_cache
-    from huggingface_hub.errors import HFValidationError
-
-    try:
-        return isinstance(try_to_load_from_cache(repo_id, filename), str)
-    except HFValidationError:
-        return False
-
-
-def check_source(
-    path: str, what: str, *, marker: str = "config.json", setting: str | None = None
-) -> None:
-    """Fail at once, in one line, on a checkpoint that cannot be loaded: a path that can only be
-    local (hub ids are ``name`` or ``namespace/name``) must be a folder; a hub id needs the hub
-    (probed once) or the file ``marker`` of it in the local hub cache."""
-    local = Path(path).expanduser()
-    only_local = local.is_absolute() or path.startswith(".") or path.count("/") > 1
-    if (only_local or local.exists()) and not local.is_dir():
-        raise CheckpointNotFoundError(f"{what} {path!r}: no such checkpoint folder")
-    if not local.exists():
-        problem = hub_problem()
-        if problem is not None and not _cached(path, marker):
-            raise _unreachable(path, what, problem, setting)
-
-
 def _load_error(
     path: str, what: str, error: OSError, *, setting: str | None = None
 ) -> CheckpointNotFoundError:
@@ -127,7 +92,7 @@ def _load_error(
     ``what``), else the library's reason."""
     problem = hub_problem()
     if problem is not None and not Path(path).expanduser().exists():
-        return _unreachable(path, what, problem, setting)
+        return unreachable_source(path, what, problem, setting)
     reason = " ".join(str(error).split())
     return CheckpointNotFoundError(f"{what} {path!r} could not be loaded: {reason}")
 

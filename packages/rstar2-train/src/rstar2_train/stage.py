@@ -31,9 +31,7 @@ from rstar2_train.interrupt import StageInterrupted, StopSignals
 from rstar2_train.memory import plan_stage_memory
 from rstar2_train.metrics import MetricsLog, read_metrics
 from rstar2_train.modeling import (
-    TOKENIZER_SETTING,
     build_model,
-    check_source,
     load_tokenizer,
     resolve_attention,
     train_tokenizer,
@@ -42,6 +40,7 @@ from rstar2_train.plots import write_plots
 from rstar2_train.precision import Precision
 from rstar2_train.progress import LogReporter, Reporter
 from rstar2_train.run_dir import RunDir
+from rstar2_train.sources import check_stage_sources
 from rstar2_train.startup import FirstStepClock
 from rstar2_train.wandb_run import WandbRun
 
@@ -91,7 +90,8 @@ class StageRun:
         )
         self.start_step = self.state.step if self.state is not None else 0
         if self.checkpoint is None:
-            self._check_sources()
+            # Before the data is built, so a wrong path fails in seconds.
+            check_stage_sources(self.config)
         self._training: tuple[TrainingActor, PreTrainedTokenizerBase, DataOrder] | None = None
         if self.checkpoint is not None:
             logger.info("resuming %s from %s", config.name, self.checkpoint)
@@ -134,18 +134,6 @@ class StageRun:
         self.config, plan = plan_stage_memory(self.config, longest_prompt=longest_prompt)
         if plan is not None and plan.changes:
             self._note(plan.describe())
-
-    def _check_sources(self) -> None:
-        """The model and tokenizer can be loaded (local folder, reachable hub or hub cache):
-        checked before the data is built, so a wrong path fails in seconds."""
-        model = self.config.model
-        if model.path is not None:
-            check_source(model.path, "model.path")
-        path = self.config.tokenizer.path or model.path
-        if self.config.tokenizer.train is None and path is not None:
-            check_source(
-                path, "tokenizer", marker="tokenizer_config.json", setting=TOKENIZER_SETTING
-            )
 
     def tokenizer(self, training_texts: Callable[[], Iterable[str]]) -> PreTrainedTokenizerBase:
         """The checkpoint's tokenizer when resuming; else the configured (or trained) one."""
