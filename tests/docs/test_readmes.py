@@ -6,9 +6,10 @@ Each block runs on its own, in a fresh namespace (Python) or a fresh ``bash -euo
 result on stdout. A block that names ``runs/demo`` finds there a copy of what
 ``rstar2-train demo --quick`` wrote, made once per session (about a minute). A block that cannot
 run here (it needs a GPU, the model hub, a running service, several machines, or minutes of
-benchmark, or it is a fragment of a larger program) starts with the marker comment
+benchmark, or it is a fragment of a larger program) follows, on the line before its fence, the
+HTML comment (hidden where the Markdown is rendered, so the reader's copy of the block is clean)
 
-    # not run by the docs tests: REASON
+    <!-- not run by the docs tests: REASON -->
 
 and is reported as skipped with that reason; a Python one is still compiled, so its syntax is
 checked. Every rstar2 command with its options named in any bash block, run or not, is checked
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = sorted(
     [ROOT / "README.md", *ROOT.glob("packages/*/README.md"), *ROOT.glob("docs/*.md")]
 )
-SKIP = re.compile(r"^# not run by the docs tests: (?P<reason>.+)$")
+SKIP = re.compile(r"^ *<!-- not run by the docs tests: (?P<reason>.+) -->$")
 FENCE = re.compile(r"^(?P<indent> *)```(?P<language>\S*)")
 TOOLS = {
     "rstar2-sandbox": "rstar2_sandbox",
@@ -59,6 +60,8 @@ class Block:
     line: int  # of the block's first code line, 1-based
     language: str
     code: str
+    skip: str | None = None
+    """Why the docs tests do not run it (the comment before its fence), if they do not."""
 
     def __str__(self) -> str:
         return f"{self.document.relative_to(ROOT)}:{self.line}"
@@ -75,9 +78,11 @@ def blocks(document: Path) -> list[Block]:
             continue
         if start < 0:
             start, language, indent = number + 1, fence["language"], len(fence["indent"])
+            marked = SKIP.match(lines[number - 1]) if number > 0 else None
+            skip = marked["reason"] if marked is not None else None
         else:
             code = "\n".join(text[indent:] for text in lines[start:number])
-            found.append(Block(document, start + 1, language, code + "\n"))
+            found.append(Block(document, start + 1, language, code + "\n", skip))
             start = -1
     return found
 
@@ -93,6 +98,12 @@ def test_every_document_is_found() -> None:
     assert len([name for name in names if name.startswith("packages/")]) == len(TOOLS) + 1
     assert PYTHON
     assert BASH
+
+
+def test_notes_for_the_docs_tests_stay_out_of_the_code_readers_copy() -> None:
+    noted = [block for block in ALL if "not run by the docs tests" in block.code]
+    assert noted == [], [str(block) for block in noted]
+    assert [block for block in ALL if block.skip is not None]  # the comments are read
 
 
 @pytest.fixture(scope="session")
@@ -122,9 +133,8 @@ def _workdir(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> No
 
 
 def _skip_if_marked(block: Block) -> None:
-    skip = SKIP.match(block.code.splitlines()[0])
-    if skip is not None:
-        pytest.skip(f"{block}: {skip['reason']}")
+    if block.skip is not None:
+        pytest.skip(f"{block}: {block.skip}")
 
 
 @pytest.mark.parametrize("block", PYTHON, ids=str)
