@@ -137,9 +137,11 @@ def test_eta_one_overlaps_and_no_trained_token_is_more_than_one_version_old(
         ):
             assert key in record, key
         assert 0 < record["behaviour/ess"] <= 1
-    # Step 2's groups were generated while step 1 trained: its tokens come from version 0 and
-    # its update starts from version 1.
-    assert records[0]["async/generating_groups"] == 3
+    # Step 2's groups were admitted before step 1 trained (still generating, or already done
+    # when the sandbox is warm from its check): its tokens come from version 0 and its update
+    # starts from version 1.
+    first = records[0]
+    assert first["async/generating_groups"] + first["async/queue_groups"] == 3
     assert records[1]["staleness/lag_mean"] > 0
     ledger = [json.loads(line) for line in (eta_one_run / LEDGER).read_text().splitlines()]
     assert [(r["step"], r["admitted_version"], r["trained_version"]) for r in ledger] == [
