@@ -64,3 +64,28 @@ def test_bad_input_is_one_line_with_exit_code_2(
     assert "Traceback" not in result.output
     (line,) = [line for line in result.output.splitlines() if "error" in line.lower()]
     assert message.format(tmp=inputs) in line
+
+
+@pytest.mark.parametrize(
+    ("arguments", "line"),
+    [
+        (
+            ["score", "{tmp}/missing.jsonl"],
+            "error: Invalid value for 'generations': file '{tmp}/missing.jsonl' does not exist. "
+            "(see rstar2-eval score --help)",
+        ),
+        (
+            ["score", "{tmp}/good.jsonl", "--k", "0"],
+            "error: Invalid value for '--k': Input should be greater than or equal to 1 "
+            "(see rstar2-eval score --help)",
+        ),
+    ],
+)
+def test_option_validation_is_the_same_one_error_line(
+    arguments: list[str], line: str, inputs: Path
+) -> None:
+    """click's own checks of options and arguments, not only the commands' checks."""
+    wide = CliRunner(env={"COLUMNS": "1000"})
+    result = wide.invoke(app, [a.format(tmp=inputs) for a in arguments], prog_name="rstar2-eval")
+    assert result.exit_code == 2
+    assert result.output.splitlines() == [line.format(tmp=inputs)]

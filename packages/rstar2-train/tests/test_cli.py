@@ -77,6 +77,29 @@ def test_bad_input_is_one_line_without_a_traceback(
     assert message in line
 
 
+@pytest.mark.parametrize(
+    ("arguments", "line"),
+    [
+        (
+            ["demo", "--rl-steps", "0"],
+            "error: Invalid value for '--rl-steps': Input should be greater than or equal to 1 "
+            "(see rstar2-train demo --help)",
+        ),
+        (["nosuch"], "error: No such command 'nosuch'. (see rstar2-train --help)"),
+        (
+            ["show", "tiny-rl", "--bogus"],
+            "error: No such option: --bogus (see rstar2-train show --help)",
+        ),
+    ],
+)
+def test_option_validation_is_one_error_line_like_every_other_error(
+    arguments: list[str], line: str
+) -> None:
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(app, arguments, prog_name="rstar2-train")
+    assert result.exit_code == 2
+    assert result.output.splitlines() == [line]
+
+
 def test_an_unreachable_hub_model_fails_before_the_data_is_built(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,6 +15,7 @@ from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.paths import checked_output_dir, checked_output_file
 from rstar2_data.protocol import ANSWER_OPEN
 from rstar2_data.terminal import FittedTable
+from rstar2_eval.cli_errors import OneLineErrors
 from rstar2_eval.cli_run import RUN_FILE, run
 from rstar2_eval.errors import InputError
 from rstar2_eval.generations import read_generations
@@ -38,6 +39,7 @@ from rstar2_eval.scoring import score_generations
 app = typer.Typer(
     help="Evaluate checkpoints and endpoints with the tool loop, score generation files, list "
     "the benchmark registry.",
+    cls=OneLineErrors,
     no_args_is_help=True,
     add_completion=False,
     # Plain help: it wraps between words at any width, where rich's option panels cut words.

@@ -18,9 +18,11 @@ from rich.table import Table
 from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.paths import checked_output_dir
 from rstar2_data.terminal import FittedTable
+from rstar2_eval.cli_errors import OneLineErrors, print_error
 
 app = typer.Typer(
     help="Train math reasoning models with a Python tool: SFT and GRPO-RoC stages.",
+    cls=OneLineErrors,
     no_args_is_help=True,
     add_completion=False,
     # Plain help: it wraps between words at any width, where rich's option panels cut words.
@@ -74,9 +76,7 @@ def _interrupted(step: int | None, code: int, *, again: str = "again") -> typer.
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
     """One ``error:`` line; exit status 2 for bad input, 1 for a run that failed."""
-    command_console(stderr=True).print(
-        f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True
-    )
+    print_error(message)
     return typer.Exit(code)
 
 
