@@ -36,10 +36,13 @@ async def test_fork_bomb(sandbox: LocalSandbox, no_leftovers: Callable[[], None]
 
 
 async def test_memory_bomb(sandbox: LocalSandbox, no_leftovers: Callable[[], None]) -> None:
+    # The address-space limit makes the allocation fail inside the run: a MemoryError the run
+    # raises, as under ``ulimit -v``, which no observer outside the run can tell from one the run
+    # raises or prints itself, so it cannot be memory_exceeded (the traceback says it).
     code = "chunks = []\nwhile True:\n    chunks.append(bytearray(50 << 20))\n"
     result = await hostile(sandbox, no_leftovers, code, memory_mb=256, timeout_s=10)
-    assert result.status is RunStatus.MEMORY_EXCEEDED
-    assert "MemoryError" in result.stderr
+    assert result.status is RunStatus.RUNTIME_ERROR
+    assert result.stderr.rstrip().endswith("MemoryError")
 
 
 async def test_numpy_allocation_over_budget(
@@ -47,7 +50,41 @@ async def test_numpy_allocation_over_budget(
 ) -> None:
     code = "import numpy as np\nnp.ones((20_000, 20_000))\n"
     result = await hostile(sandbox, no_leftovers, code, memory_mb=256)
-    assert result.status is RunStatus.MEMORY_EXCEEDED
+    assert result.status is RunStatus.RUNTIME_ERROR
+    assert "Unable to allocate" in result.stderr
+
+
+# A run's status is what the sandbox saw (its timer, its output counters, the kernel's OOM count
+# and CPU account, its quota), never what the run says or does to itself.
+@pytest.mark.parametrize(
+    ("code", "exit_code", "sig"),
+    [
+        ("import sys\nsys.stderr.write('MemoryError\\n')\nsys.exit(3)", 3, None),
+        ("raise MemoryError", 1, None),
+        (
+            "import sys\nsys.stderr.write('OSError: [Errno 28] No space left on device\\n')\n"
+            "sys.exit(1)",
+            1,
+            None,
+        ),
+        ("open('f', 'wb').write(b'x')\nraise OSError(28, 'No space left on device')", 1, None),
+        ("raise OSError(27, 'File too large')", 1, None),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", None, 9),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)", None, 24),
+    ],
+    ids=["memory-line", "memory-raise", "space-line", "space-raise", "too-large", "kill", "xcpu"],
+)
+async def test_a_run_cannot_choose_its_status(
+    sandbox: LocalSandbox,
+    no_leftovers: Callable[[], None],
+    code: str,
+    exit_code: int | None,
+    sig: int | None,
+) -> None:
+    result = await hostile(sandbox, no_leftovers, code)
+    assert result.status is RunStatus.RUNTIME_ERROR, result
+    assert (result.exit_code, result.signal) == (exit_code, sig)
+    assert "sandbox:" not in result.stderr
 
 
 async def test_infinite_loop(sandbox: LocalSandbox, no_leftovers: Callable[[], None]) -> None:

@@ -133,8 +133,6 @@ class FreshInterpreterSandbox:
             status = RunStatus.OUTPUT_LIMIT_EXCEEDED
         elif timed_out:
             status = RunStatus.TIMEOUT
-        elif b"MemoryError" in stderr[-512:]:
-            status = RunStatus.MEMORY_EXCEEDED
         else:
             status = RunStatus.SUCCESS if code == 0 else RunStatus.RUNTIME_ERROR
         return RunResult(

@@ -17,13 +17,14 @@ import json
 import logging
 import math
 import os
-import re
 import resource
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from rstar2_sandbox.executor.binds import enable_private_tmp, expose_python, under
@@ -52,53 +53,94 @@ READ_CHUNK = 1 << 16
 # bounds the wait should a writer somehow survive.
 EOF_GRACE_S = 2.0
 SWEEP_ROUNDS = 50
-_MEMORY_ERROR = re.compile(
-    r"(MemoryError\b|Cannot allocate memory|std::bad_alloc|out of memory)", re.IGNORECASE
-)
-# How a failed run's last line says it hit the file-size limit or filled its own /tmp or /dev/shm.
-_FILE_TOO_LARGE = re.compile(r"\[Errno 27\]|File too large")
-_NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device")
+# Room a full tmpfs may still report: a write that fails with ENOSPC has used every page.
+QUOTA_SLACK_BYTES = 64 << 10
+# CPU time the kernel's SIGXCPU may come short of the soft limit (rusage is sampled per tick).
+CPU_SLACK_S = 0.5
 
 
-def _last_line(data: bytes | bytearray) -> str:
-    lines = data.rstrip().rsplit(b"\n", 1)
-    return lines[-1].decode("utf-8", "replace") if lines else ""
+class OomCounter:
+    """The kernel's count of processes its OOM killer has killed since boot (``/proc/vmstat``,
+    kept open: read at every run's start, it costs about 30 microseconds)."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd = os.open("/proc/vmstat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self.fd = -1
+
+    def read(self) -> int:
+        """The count now; -1 when the kernel does not say."""
+        if self.fd < 0:
+            return -1
+        data = os.pread(self.fd, 1 << 16, 0)
+        at = data.find(b"\noom_kill ")
+        return -1 if at < 0 else int(data[at + 10 : data.index(b"\n", at + 1)])
 
 
-def classify(
-    wait_status: int,
-    *,
-    timed_out: bool,
-    output_exceeded: bool,
-    stderr: bytes | bytearray,
-    run_tmp: bool,
-) -> tuple[str, int | None, int | None, str | None]:
-    """(status, exit code, signal, write limit) of a finished run.
+@dataclass(frozen=True)
+class Observed:
+    """What the fork-server saw of a finished run, itself or from the kernel: never the run's
+    output, which the run writes as it likes."""
+
+    timed_out: bool  # its own wall-clock timer fired (and it killed the run)
+    output_exceeded: bool  # its own byte counters passed a stream's cap (and it killed the run)
+    cpu_time_s: float  # the kernel's account of the run's CPU time
+    cpu_limit_s: int  # RLIMIT_CPU's soft limit, at which the kernel sends SIGXCPU
+    oom_killed: bool  # the kernel's OOM-kill count rose while the run ran
+    file_at_limit: bool  # a file of the run's reached the file-size limit
+    quota_full: bool  # the run's own /tmp or /dev/shm had no room left when it ended
+
+
+def classify(wait_status: int, seen: Observed) -> tuple[str, int | None, int | None, str | None]:
+    """(status, exit code, signal, write limit) of a finished run, from what was observed.
 
     The write limit is which limit on what a run writes stopped it, if one did: ``output``
     (stdout/stderr caps), ``file`` (the file-size limit) or ``space`` (the quota of its own
-    ``/tmp`` or ``/dev/shm``; ``run_tmp`` says the run had them, so a full disk is its own doing).
+    ``/tmp`` or ``/dev/shm``). A signal the run sends itself, or an error it prints, chooses
+    nothing: a SIGKILL counts as the OOM killer's only when the kernel's count rose, a SIGXCPU
+    as the CPU limit only when the run used that much CPU, a failure as a write limit only when
+    the limit was reached.
     """
     exit_code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None
     sig = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
-    last_line = _last_line(stderr)
     limit: str | None = None
-    if output_exceeded:
+    if seen.output_exceeded:
         status, limit = "output_limit_exceeded", "output"
-    elif timed_out or sig == signal.SIGXCPU:
+    elif seen.timed_out or (
+        sig == signal.SIGXCPU and seen.cpu_time_s >= seen.cpu_limit_s - CPU_SLACK_S
+    ):
         status = "timeout"
-    elif _MEMORY_ERROR.search(last_line) or sig == signal.SIGKILL:
-        # A SIGKILL we did not send comes from the kernel's OOM killer.
+    elif sig == signal.SIGKILL and seen.oom_killed:
         status = "memory_exceeded"
     elif exit_code == 0:
         status = "success"
-    elif _FILE_TOO_LARGE.search(last_line):
+    elif seen.file_at_limit:
         status, limit = "output_limit_exceeded", "file"
-    elif run_tmp and _NO_SPACE.search(last_line):
+    elif seen.quota_full:
         status, limit = "output_limit_exceeded", "space"
     else:
         status = "runtime_error"
     return status, exit_code, sig, limit
+
+
+def _has_file_at(top: str, dir_fd: int | None, size: int) -> bool:
+    """Whether a regular file under ``top`` (relative to ``dir_fd``) is ``size`` bytes or more."""
+    for _, _, files, root_fd in os.fwalk(top, dir_fd=dir_fd):
+        for name in files:
+            try:
+                info = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_size >= size:
+                return True
+    return False
+
+
+def _is_full(dir_fd: int) -> bool:
+    """Whether the tmpfs at ``dir_fd`` has no room for another page or no inode left."""
+    info = os.statvfs(dir_fd)
+    return info.f_bavail * info.f_frsize <= QUOTA_SLACK_BYTES or info.f_favail == 0
 
 
 class Capture:
@@ -196,6 +238,8 @@ class Run:
             max_open_files=server.settings["max_open_files"],
             max_file_bytes=server.settings["max_file_bytes"],
         )
+        self.cpu_limit_s = plan.cpu_seconds
+        self.oom_kills = server.oom.read()
         self.started = time.monotonic()
         pid = os.fork()
         if pid == 0:
@@ -286,6 +330,7 @@ class Run:
         except BlockingIOError:
             setup_error = b""
         os.close(self.status_r)
+        seen = self.observe(wait_status, rusage)
         if self.server.slot_tmps:
             try:
                 self.server.slot_tmps[self.slot].reset(os.path.basename(self.workdir), (FILENAME,))
@@ -301,13 +346,7 @@ class Run:
             stderr = bytearray(b"sandbox setup failed: " + setup_error)
             log.error("run setup failed: %s", setup_error.decode("utf-8", "replace"))
         else:
-            status, exit_code, sig, limit = classify(
-                wait_status,
-                timed_out=self.timed_out,
-                output_exceeded=self.stdout.truncated or self.stderr.truncated,
-                stderr=stderr,
-                run_tmp=self.server.run_tmp_mb is not None,
-            )
+            status, exit_code, sig, limit = classify(wait_status, seen)
             notes = self.limit_notes(limit)
         if notes:
             # Said after what the run printed (past the cap: the note is the sandbox's, not the
@@ -326,6 +365,33 @@ class Run:
             "cpu_time_s": rusage.ru_utime + rusage.ru_stime,
         }
         self.server.send({"id": self.call_id, "result": result}, self.stdout.data, stderr)
+
+    def observe(self, wait_status: int, rusage: resource.struct_rusage) -> Observed:
+        """What the server saw of the run, before its files are removed. Its files are only
+        looked at when it failed (a success is a success whatever it wrote)."""
+        failed = not (os.WIFEXITED(wait_status) and os.WEXITSTATUS(wait_status) == 0)
+        file_at_limit = quota_full = False
+        if failed:
+            size = self.server.settings["max_file_bytes"]
+            if self.server.slot_tmps:
+                slot = self.server.slot_tmps[self.slot]
+                places = [fd for fd in (slot.tmp_fd, slot.shm_fd) if fd >= 0]
+                file_at_limit = any(_has_file_at(".", fd, size) for fd in places)
+                quota_full = any(_is_full(fd) for fd in places)
+            else:
+                file_at_limit = _has_file_at(self.workdir, None, size)
+        # Read again only when it matters: the run died of a SIGKILL the server did not send.
+        killed = os.WIFSIGNALED(wait_status) and os.WTERMSIG(wait_status) == signal.SIGKILL
+        oom_killed = killed and self.server.oom.read() > self.oom_kills >= 0
+        return Observed(
+            timed_out=self.timed_out,
+            output_exceeded=self.stdout.truncated or self.stderr.truncated,
+            cpu_time_s=rusage.ru_utime + rusage.ru_stime,
+            cpu_limit_s=self.cpu_limit_s,
+            oom_killed=oom_killed,
+            file_at_limit=file_at_limit,
+            quota_full=quota_full,
+        )
 
     def limit_notes(self, limit: str | None) -> list[str]:
         """Lines saying which write limit stopped the run (none when none did)."""
@@ -370,6 +436,7 @@ class ForkServer:
         self.run_tmp_mb = run_tmp_mb
         self.slot_tmps = slot_tmps
         self.prefixes = PrefixCache()
+        self.oom = OomCounter()
         self.runs: dict[int, Run] = {}
         self.inbox = bytearray()
         self.outbox = bytearray()
