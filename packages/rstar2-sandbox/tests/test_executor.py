@@ -215,6 +215,7 @@ async def test_isolation_report_matches_privileges(sandbox: LocalSandbox) -> Non
         assert report.private_tmp.active, report.private_tmp.detail
         assert report.filesystem_root.active, report.filesystem_root.detail
         assert report.pid_namespace.active, report.pid_namespace.detail
+        assert report.kernel_fence.active, report.kernel_fence.detail
     else:
         assert not report.unprivileged_uid.active
         assert "root" in report.unprivileged_uid.detail

@@ -45,6 +45,12 @@ class IsolationReport(BaseModel):
         description="Each fork-server and its runs have a PID namespace of their own: a run "
         "sees (in /proc) and can signal only its own processes, never the host's.",
     )
+    kernel_fence: IsolationFeature = Field(
+        default_factory=lambda: IsolationFeature(active=False, detail="not reported"),
+        description="Runs hold no capability (bounding set included), have no_new_privs and a "
+        "seccomp filter that refuses namespaces, mounts, ptrace, bpf, perf_event_open, keyrings, "
+        "io_uring, modules, kexec, userfaultfd and socket families but AF_UNIX/AF_INET/AF_INET6.",
+    )
     subreaper: IsolationFeature = Field(
         description="Orphaned descendants re-parent to the fork-server, which kills and reaps them."
     )

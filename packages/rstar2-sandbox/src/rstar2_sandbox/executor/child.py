@@ -21,6 +21,7 @@ import types
 from dataclasses import dataclass
 from typing import NoReturn
 
+from rstar2_sandbox.executor.seccomp import KernelFence
 from rstar2_sandbox.executor.syscalls import (
     CLONE_NEWNS,
     set_dumpable,
@@ -85,6 +86,8 @@ class ChildPlan:
     max_processes: int
     max_open_files: int
     max_file_bytes: int
+    # No capabilities, no_new_privs and the seccomp filter (``seccomp``); None: not available.
+    fence: KernelFence | None
 
 
 class _TrackingWriter(io.TextIOWrapper):
@@ -148,6 +151,8 @@ def _confine(plan: ChildPlan) -> None:
     _set_limit(resource.RLIMIT_FSIZE, plan.max_file_bytes)
     _set_limit(resource.RLIMIT_NOFILE, plan.max_open_files)
     _set_limit(resource.RLIMIT_CORE, 0)
+    if plan.fence is not None:
+        plan.fence.drop_bounding_set()  # while root: it takes CAP_SETPCAP
     if plan.uid is not None:
         # Counted per uid, so it only bounds this run when the run has its own uid.
         _set_limit(resource.RLIMIT_NPROC, plan.max_processes)
@@ -160,6 +165,9 @@ def _confine(plan: ChildPlan) -> None:
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != plan.server_pid:
         raise RuntimeError("fork-server exited during setup")
+    if plan.fence is not None:
+        # Last of the calls the filter refuses (setns above), before anything of the run's.
+        plan.fence.apply()
 
     # The fork-server's environment is already minimal (nothing of the service's).
     os.environ["HOME"] = plan.workdir

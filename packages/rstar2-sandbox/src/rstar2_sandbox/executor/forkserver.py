@@ -32,6 +32,7 @@ from rstar2_sandbox.executor.child import FILENAME, ChildPlan, child_main, minim
 from rstar2_sandbox.executor.loop import Loop, Timer
 from rstar2_sandbox.executor.prefix_cache import PrefixCache
 from rstar2_sandbox.executor.rootfs import enter_root, plan_root
+from rstar2_sandbox.executor.seccomp import KernelFence, prepare_fence
 from rstar2_sandbox.executor.slot_tmp import SlotTmp
 from rstar2_sandbox.executor.syscalls import (
     Feature,
@@ -237,6 +238,7 @@ class Run:
             max_processes=server.settings["max_processes"],
             max_open_files=server.settings["max_open_files"],
             max_file_bytes=server.settings["max_file_bytes"],
+            fence=server.fence,
         )
         self.cpu_limit_s = plan.cpu_seconds
         self.oom_kills = server.oom.read()
@@ -423,7 +425,9 @@ class ForkServer:
         mapped_bytes: int,
         run_tmp_mb: tuple[int, int] | None,
         slot_tmps: list[SlotTmp],
+        fence: KernelFence | None,
     ) -> None:
+        self.fence = fence
         self.mapped_bytes = mapped_bytes
         self.ctl_in = ctl_in
         self.ctl_out = ctl_out
@@ -794,6 +798,11 @@ def _start(ctl_in: int, ctl_out: int, config: dict[str, Any]) -> tuple[ForkServe
                 "make /tmp writable for this user",
             ) from exc
         os.chmod(workroot, 0o711)
+    fence: KernelFence | None = None
+    if isolate:
+        features["kernel_fence"], fence = prepare_fence()
+    else:
+        features["kernel_fence"] = (False, "disabled")
     if drop_uid:
         # Leftovers of an earlier fork-server that held these uids and died.
         for uid in slot_uids:
@@ -806,7 +815,7 @@ def _start(ctl_in: int, ctl_out: int, config: dict[str, Any]) -> tuple[ForkServe
     with open("/proc/self/statm") as statm:
         mapped_bytes = int(statm.read().split()[0]) * resource.getpagesize()
     server = ForkServer(
-        ctl_in, ctl_out, config, workroot, drop_uid, mapped_bytes, run_tmp_mb, slot_tmps
+        ctl_in, ctl_out, config, workroot, drop_uid, mapped_bytes, run_tmp_mb, slot_tmps, fence
     )
     hello = {
         "pid": host_pid,

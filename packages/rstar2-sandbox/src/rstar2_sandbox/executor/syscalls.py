@@ -42,10 +42,10 @@ SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 
 Feature = tuple[bool, str]
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
-def _check(result: int, what: str) -> None:
+def check_errno(result: int, what: str) -> None:
     if result != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
@@ -53,13 +53,13 @@ def _check(result: int, what: str) -> None:
 
 def unshare(flags: int) -> None:
     """Move this process into new namespaces (``unshare(2)``)."""
-    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+    check_errno(libc.unshare(ctypes.c_int(flags)), "unshare")
 
 
 def mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
     """``mount(2)``."""
-    _check(
-        _libc.mount(
+    check_errno(
+        libc.mount(
             source.encode(),
             target.encode(),
             fstype.encode() if fstype else None,
@@ -72,7 +72,7 @@ def mount(source: str, target: str, fstype: str | None, flags: int, data: str | 
 
 def umount_detached(target: str) -> None:
     """Detach the mount at ``target`` (``umount2(MNT_DETACH)``)."""
-    _check(_libc.umount2(target.encode(), ctypes.c_int(MNT_DETACH)), f"umount {target}")
+    check_errno(libc.umount2(target.encode(), ctypes.c_int(MNT_DETACH)), f"umount {target}")
 
 
 def pivot_root(new_root: str, put_old: str) -> None:
@@ -81,7 +81,7 @@ def pivot_root(new_root: str, put_old: str) -> None:
     number = _SYS_PIVOT_ROOT.get(machine)
     if number is None:
         raise OSError(errno.ENOSYS, f"pivot_root: unknown syscall number on {machine}")
-    _check(_libc.syscall(number, new_root.encode(), put_old.encode()), "pivot_root")
+    check_errno(libc.syscall(number, new_root.encode(), put_old.encode()), "pivot_root")
 
 
 def enter_pid_namespace(keep_out: tuple[int, ...] = ()) -> tuple[Feature, int]:
@@ -178,19 +178,19 @@ def _reap_until(pid: int) -> int:
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
     """Have the kernel send ``sig`` to this process when the thread that forked it exits."""
-    _check(_libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(sig), 0, 0, 0), "prctl(PDEATHSIG)")
+    check_errno(libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(sig), 0, 0, 0), "prctl(PDEATHSIG)")
 
 
 def set_dumpable() -> None:
     """Let processes of this uid inspect this one (``/proc/<pid>``, ``ptrace``), as for any
     process a user starts; a change of uid had made it root's to inspect only."""
-    _check(_libc.prctl(PR_SET_DUMPABLE, ctypes.c_ulong(1), 0, 0, 0), "prctl(DUMPABLE)")
+    check_errno(libc.prctl(PR_SET_DUMPABLE, ctypes.c_ulong(1), 0, 0, 0), "prctl(DUMPABLE)")
 
 
 def enable_subreaper() -> Feature:
     """Make orphaned descendants re-parent to this process (so it can find and reap them)."""
     try:
-        _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0), "prctl")
+        check_errno(libc.prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0), "prctl")
     except OSError as exc:
         return False, f"PR_SET_CHILD_SUBREAPER failed: {exc}"
     return True, ""
@@ -207,7 +207,7 @@ def enable_network_namespace() -> Feature:
 
 def setns(fd: int, nstype: int) -> None:
     """Move this process into the namespace ``fd`` refers to (``setns(2)``)."""
-    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
+    check_errno(libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
 
 
 def mount_quota_options(size_mb: int, inodes: int) -> str:
