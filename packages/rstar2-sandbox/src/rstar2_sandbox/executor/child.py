@@ -151,8 +151,6 @@ def _confine(plan: ChildPlan) -> None:
     _set_limit(resource.RLIMIT_FSIZE, plan.max_file_bytes)
     _set_limit(resource.RLIMIT_NOFILE, plan.max_open_files)
     _set_limit(resource.RLIMIT_CORE, 0)
-    if plan.fence is not None:
-        plan.fence.drop_bounding_set()  # while root: it takes CAP_SETPCAP
     if plan.uid is not None:
         # Counted per uid, so it only bounds this run when the run has its own uid.
         _set_limit(resource.RLIMIT_NPROC, plan.max_processes)

@@ -808,6 +808,10 @@ def _start(ctl_in: int, ctl_out: int, config: dict[str, Any]) -> tuple[ForkServe
         for uid in slot_uids:
             kill_uid(uid)
 
+    if fence is not None:
+        # Last of this server's set-up: what it may still do (new slot namespaces, kill helpers)
+        # needs only the capabilities it holds, which the bounding set does not take away.
+        fence.drop_bounding_set()
     # Objects that exist now are never collected: children then do not touch (copy) their pages.
     gc.collect()
     gc.freeze()
