@@ -243,7 +243,8 @@ def _default_loader() -> Callable[..., Any] | None:
         from vllm.model_executor.model_loader.weight_utils import default_weight_loader
     except ImportError:
         return None
-    return default_weight_loader
+    loader: Callable[..., Any] = default_weight_loader
+    return loader
 
 
 @contextmanager
