@@ -279,15 +279,30 @@ def test_the_foreach_optimizer_step_can_be_the_peak() -> None:
     assert foreach.total == foreach.states + foreach.step > fused.total
 
 
+def sft_on_a_gpu(name: str, *overrides: str) -> Any:
+    """The tiny SFT config with a benchmark shape's random weights, in bf16 on a GPU."""
+    init = json.dumps(bench_shapes()[name])
+    gpu = ["model.device=cuda", "model.dtype=bfloat16", f"model.init.config={init}"]
+    return load_config("tiny-sft", [*gpu, *overrides])
+
+
+def rl_on_a_gpu(name: str, *overrides: str) -> Any:
+    """The tiny RL config with a benchmark shape's random weights, in bf16 on a GPU."""
+    init = json.dumps(bench_shapes()[name])
+    gpu = [
+        "model.path=null",
+        f"model.init={{config: {init}}}",
+        "tokenizer.path=a-tokenizer",
+        "model.device=cuda",
+        "model.dtype=bfloat16",
+    ]
+    return load_config("tiny-rl", [*gpu, *overrides])
+
+
 def test_a_stage_plans_with_its_precision_attention_and_optimizer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    shapes = bench_shapes()
-    init = json.dumps({**shapes["0.6b"], "vocab_size": 151936})
-    config = load_config(
-        "tiny-sft",
-        ["model.device=cuda", "model.dtype=bfloat16", f"model.init.config={init}"],
-    )
+    config = sft_on_a_gpu("0.6b")
     seen: list[MemorySettings] = []
     original = memory.plan_memory
 
@@ -309,17 +324,9 @@ def test_a_stage_plans_with_its_precision_attention_and_optimizer(
 def test_an_rl_stage_plans_for_its_longest_prompt_and_response(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    init = json.dumps({**bench_shapes()["0.6b"], "vocab_size": 151936})
-    overrides = [
-        "model.path=null",
-        f"model.init={{config: {init}}}",
-        "tokenizer.path=a-tokenizer",
-        "model.device=cuda",
-        "model.dtype=bfloat16",
-        "rl.rollout.max_response_tokens=20000",
-        "rl.micro_batch_tokens=16384",
-    ]
-    config = load_config("tiny-rl", overrides)
+    config = rl_on_a_gpu(
+        "0.6b", "rl.rollout.max_response_tokens=20000", "rl.micro_batch_tokens=16384"
+    )
     _on_a_gpu(monkeypatch, H200)
     _planned, found = plan_stage_memory(config, longest_prompt=lambda: 700)
     assert found is not None
@@ -401,9 +408,7 @@ def _on_a_gpu(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
 
 
 def test_a_stage_in_this_process_applies_its_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    init = json.dumps({**bench_shapes()["4b"], "vocab_size": 151936})
-    overrides = ["model.device=cuda", "model.dtype=bfloat16", "sft.micro_batch_tokens=16384"]
-    config = load_config("tiny-sft", [*overrides, f"model.init.config={init}"])
+    config = sft_on_a_gpu("4b", "sft.micro_batch_tokens=16384")
     # float32 masters and moments, bf16 compute in this process: about 183 GiB at 16,384
     # tokens, 117 at 8,192 (a 141 GB GPU has 127 usable)
     _on_a_gpu(monkeypatch, H200)
@@ -423,16 +428,7 @@ def test_a_stage_in_this_process_applies_its_plan(monkeypatch: pytest.MonkeyPatc
 
 
 def test_an_rl_stage_sharing_prompts_cannot_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
-    init = json.dumps({**bench_shapes()["4b"], "vocab_size": 151936})
-    overrides = [
-        "model.path=null",
-        f"model.init={{config: {init}}}",
-        "tokenizer.path=a-tokenizer",
-        "model.device=cuda",
-        "model.dtype=bfloat16",
-        "rl.micro_batch_tokens=16384",
-    ]
-    config = load_config("tiny-rl", overrides)
+    config = rl_on_a_gpu("4b", "rl.micro_batch_tokens=16384")
     assert config.rl is not None
     assert config.rl.shared_prefix
     # About 71 GiB of weights, masters, gradients and moments: checkpointed activations fit
@@ -440,7 +436,7 @@ def test_an_rl_stage_sharing_prompts_cannot_checkpoint(monkeypatch: pytest.Monke
     _on_a_gpu(monkeypatch, 95 * GIB)
     with pytest.raises(MemoryPlanError, match=r"\(with rl\.shared_prefix=false\)"):
         plan_stage_memory(config)
-    unshared = load_config("tiny-rl", [*overrides, "rl.shared_prefix=false"])
+    unshared = rl_on_a_gpu("4b", "rl.micro_batch_tokens=16384", "rl.shared_prefix=false")
     planned, found = plan_stage_memory(unshared)
     assert found is not None
     assert planned.model.gradient_checkpointing
