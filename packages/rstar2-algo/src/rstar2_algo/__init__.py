@@ -33,8 +33,10 @@ if TYPE_CHECKING:
     from rstar2_algo.fused_head import fused_linear_logprobs as fused_linear_logprobs
     from rstar2_algo.kl import KLEstimator as KLEstimator
     from rstar2_algo.kl import kl_divergence as kl_divergence
+    from rstar2_algo.logprobs import SUPPORT_PAD as SUPPORT_PAD
     from rstar2_algo.logprobs import entropy_from_logits as entropy_from_logits
     from rstar2_algo.logprobs import selective_log_softmax as selective_log_softmax
+    from rstar2_algo.logprobs import support_tensor as support_tensor
     from rstar2_algo.policy_loss import PolicyLoss as PolicyLoss
     from rstar2_algo.policy_loss import policy_loss as policy_loss
     from rstar2_algo.quality import TrajectoryQuality as TrajectoryQuality
@@ -68,7 +70,9 @@ _EXPORTS = {
     "KLEstimator": "rstar2_algo.kl",
     "kl_divergence": "rstar2_algo.kl",
     "entropy_from_logits": "rstar2_algo.logprobs",
+    "SUPPORT_PAD": "rstar2_algo.logprobs",
     "selective_log_softmax": "rstar2_algo.logprobs",
+    "support_tensor": "rstar2_algo.logprobs",
     "PolicyLoss": "rstar2_algo.policy_loss",
     "policy_loss": "rstar2_algo.policy_loss",
     "TrajectoryQuality": "rstar2_algo.quality",

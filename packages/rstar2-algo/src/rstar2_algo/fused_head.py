@@ -26,6 +26,8 @@ from rstar2_algo.logprobs import (
     _check_temperature,
     _check_token_ids,
     _compute_dtype,
+    check_support,
+    restrict,
 )
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -91,6 +93,7 @@ class _FusedLinearLogSoftmax(torch.autograd.Function):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         token_ids: torch.Tensor,
+        support: torch.Tensor | None,
         temperature: float,
         rows: int,
         with_entropy: bool,
@@ -103,6 +106,7 @@ class _FusedLinearLogSoftmax(torch.autograd.Function):
         for start in range(0, count, rows):
             part = slice(start, start + rows)
             scaled = _scaled_logits(hidden[part], weight, bias, temperature)
+            restrict(scaled, None if support is None else support[part])
             ids = token_ids[part, None]
             picked_logit = scaled.gather(-1, ids).squeeze(-1)
             # log_softmax is one fused pass with one output (logsumexp makes two temporaries).
@@ -113,7 +117,7 @@ class _FusedLinearLogSoftmax(torch.autograd.Function):
             log_norm[part] = picked_logit - picked  # the row's logsumexp
             if with_entropy:
                 entropy[part] = torch.special.entr(log_probs.exp_()).sum(dim=-1)
-        ctx.save_for_backward(hidden, weight, bias, token_ids, log_norm, entropy)
+        ctx.save_for_backward(hidden, weight, bias, token_ids, support, log_norm, entropy)
         ctx.temperature = temperature
         ctx.rows = rows
         ctx.with_entropy = with_entropy
@@ -123,7 +127,7 @@ class _FusedLinearLogSoftmax(torch.autograd.Function):
     def backward(
         ctx: Any, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
-        hidden, weight, bias, token_ids, log_norm, entropy = ctx.saved_tensors
+        hidden, weight, bias, token_ids, support, log_norm, entropy = ctx.saved_tensors
         temperature: float = ctx.temperature
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
@@ -147,6 +151,7 @@ class _FusedLinearLogSoftmax(torch.autograd.Function):
             part = slice(start, start + ctx.rows)
             upstream = grad_logprobs[part].unsqueeze(-1).to(log_norm.dtype)
             log_probs = _scaled_logits(hidden[part], weight, bias, temperature)
+            restrict(log_probs, None if support is None else support[part])
             log_probs.sub_(log_norm[part].unsqueeze(-1))
             # For the scaled logits u = z / T: d log p_t / d u_j = 1[j = t] - p_j and
             # d H / d u_j = -p_j (log p_j + H), so the gradient is 1[j = t] g - p_j c_j with
@@ -181,6 +186,7 @@ class _FusedLinearLogSoftmax(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -193,6 +199,7 @@ def fused_linear_logprobs(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     entropy: bool = False,
+    support: torch.Tensor | None = None,
 ) -> HeadLogProbs:
     """``log softmax((hidden @ weight.T + bias) / temperature)[token_ids]`` without the logits.
 
@@ -209,14 +216,23 @@ def fused_linear_logprobs(
     other devices, and at least 512 rows on CPU and 1024 on other devices (each chunk's matmul
     reads the whole head). Pass the sampling temperature so the log-probs describe the distribution
     that was sampled.
+
+    ``support`` (``[..., K]`` ids padded with ``SUPPORT_PAD``, see
+    ``rstar2_algo.logprobs.check_support``) restricts each row to the tokens its sampler could
+    draw (a top-p / top-k nucleus): log-prob and entropy are those of the distribution
+    renormalised over them, the one that was sampled.
     """
     rows = _check(hidden, weight, bias, token_ids, temperature, chunk_size)
     size = hidden.shape[-1]
     flat_hidden = hidden.reshape(-1, size)
     flat_ids = token_ids.reshape(-1).to(torch.long)
+    flat_support = None
+    if support is not None:
+        flat_support = check_support(support, token_ids, weight.shape[0])
+        flat_support = flat_support.reshape(-1, flat_support.shape[-1])
     # torch declares Function.apply without types.
     logprobs, entropies = _FusedLinearLogSoftmax.apply(  # type: ignore[no-untyped-call]
-        flat_hidden, weight, bias, flat_ids, float(temperature), rows, entropy
+        flat_hidden, weight, bias, flat_ids, flat_support, float(temperature), rows, entropy
     )
     shape = tuple(token_ids.shape)
     return HeadLogProbs(logprobs.view(shape), entropies.view(shape) if entropy else None)

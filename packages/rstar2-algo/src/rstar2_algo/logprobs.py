@@ -9,7 +9,7 @@ per-row log-normaliser, so the extra memory is a few chunks plus O(tokens), in b
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -23,6 +23,9 @@ ACCELERATOR_CHUNK_ELEMENTS = 1 << 26
 """Default logits per chunk on GPUs and other devices (256 MiB of float32): few, large kernels."""
 
 Block = tuple[torch.Tensor, tuple[int, ...], slice]
+
+SUPPORT_PAD = -1
+"""The padding entry of a ``support`` tensor; a row of padding alone is the whole vocabulary."""
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -71,6 +74,70 @@ def _check_token_ids(token_ids: torch.Tensor, scored: torch.Tensor, name: str) -
         raise ValueError(f"token_ids are on {token_ids.device} but {name} on {scored.device}")
 
 
+def support_tensor(sets: Sequence[Sequence[int]], width: int | None = None) -> torch.Tensor:
+    """``[len(sets), K]`` ids padded with ``SUPPORT_PAD`` from per-row support sets (an empty
+    set: the whole vocabulary); ``K`` is the largest set, or ``width`` when given."""
+    size = max((len(ids) for ids in sets), default=0) if width is None else width
+    out = torch.full((len(sets), size), SUPPORT_PAD, dtype=torch.long)
+    for row, ids in enumerate(sets):
+        if len(ids) > size:
+            raise ValueError(f"support set {row} holds {len(ids)} ids, more than width {size}")
+        out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out
+
+
+def check_support(support: torch.Tensor, token_ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Validate ``support``, ``[..., K]`` per row of ``token_ids`` ``[...]``: the ids a sampler
+    could draw (its top-p / top-k set), padded with ``SUPPORT_PAD``; return it as long.
+
+    A row whose entries are all padding is unrestricted (the whole vocabulary). A restricted row
+    must hold its own token, whose log-prob would otherwise be minus infinity."""
+    if tuple(support.shape[:-1]) != tuple(token_ids.shape) or support.dim() == 0:
+        dims = ", ".join(map(str, token_ids.shape))
+        raise ValueError(
+            f"support must have shape [*token_ids.shape, K] = [{dims}, K], "
+            f"got {tuple(support.shape)}"
+        )
+    if support.is_floating_point() or support.dtype == torch.bool:
+        raise ValueError(f"support must be an integer tensor, got {support.dtype}")
+    if support.device != token_ids.device:
+        raise ValueError(f"support is on {support.device} but token_ids on {token_ids.device}")
+    support = support.to(torch.long)
+    if support.numel() == 0:
+        return support
+    low, high = int(support.min().item()), int(support.max().item())
+    if low < SUPPORT_PAD or high >= vocab:
+        raise ValueError(
+            f"support ids must be vocabulary ids in [0, {vocab}) or the padding {SUPPORT_PAD}, "
+            f"got values from {low} to {high}"
+        )
+    restricted = (support >= 0).any(dim=-1)
+    holds = (support == token_ids.unsqueeze(-1).to(torch.long)).any(dim=-1)
+    missing = (restricted & ~holds).nonzero()
+    if missing.numel():
+        where = tuple(missing[0].tolist())
+        raise ValueError(
+            f"{missing.shape[0]} token(s) lie outside their own support, the first at index "
+            f"{where} (token {int(token_ids[where].item())}): a sampler cannot have drawn them"
+        )
+    return support
+
+
+def restrict(scaled: torch.Tensor, support: torch.Tensor | None) -> torch.Tensor:
+    """``scaled`` (a writable ``[rows, vocab]`` chunk) with every entry outside its row's
+    ``support`` (``[rows, K]``, see ``check_support``) set to minus infinity, in place; rows of
+    padding alone and a ``support`` of None leave it whole."""
+    if support is None:
+        return scaled
+    allowed = torch.zeros(scaled.shape, dtype=torch.bool, device=scaled.device)
+    # Padding is pointed at an id already in the row (its largest), so every write is True and
+    # duplicate indices cannot race; rows of padding alone are then opened whole.
+    largest = support.amax(dim=-1, keepdim=True)
+    allowed.scatter_(-1, torch.where(support >= 0, support, largest).clamp(min=0), True)
+    allowed[largest.squeeze(-1) < 0] = True
+    return scaled.masked_fill_(~allowed, float("-inf"))
+
+
 def _blocks(logits: torch.Tensor, rows: int, prefix: tuple[int, ...] = ()) -> Iterator[Block]:
     """Yield ``[rows, vocab]`` views of ``logits`` with where they go in a ``[..., ]`` output.
 
@@ -101,27 +168,37 @@ def _scaled(block: torch.Tensor, temperature: float, *, writable: bool) -> torch
 class _SelectiveLogSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, logits: torch.Tensor, token_ids: torch.Tensor, temperature: float, rows: int
+        ctx: Any,
+        logits: torch.Tensor,
+        token_ids: torch.Tensor,
+        support: torch.Tensor | None,
+        temperature: float,
+        rows: int,
     ) -> torch.Tensor:
         dtype = _compute_dtype(logits.dtype)
         out = torch.empty(token_ids.shape, dtype=dtype, device=logits.device)
         log_norm = torch.empty(token_ids.shape, dtype=dtype, device=logits.device)
         for block, prefix, rows_slice in _blocks(logits, rows):
             ids = token_ids[prefix].reshape(-1, 1)[rows_slice]
-            scaled = _scaled(block, temperature, writable=False)
+            scaled = restrict(
+                _scaled(block, temperature, writable=support is not None),
+                _support_rows(support, prefix, rows_slice),
+            )
             picked_logit = scaled.gather(-1, ids).squeeze(-1)
             picked = torch.log_softmax(scaled, dim=-1).gather(-1, ids).squeeze(-1)
             out[prefix].view(-1)[rows_slice] = picked
             # logsumexp of the row, recovered without a second pass over the vocabulary.
             log_norm[prefix].view(-1)[rows_slice] = picked_logit - picked
-        ctx.save_for_backward(logits, token_ids, log_norm)
+        ctx.save_for_backward(logits, token_ids, support, log_norm)
         ctx.temperature = temperature
         ctx.rows = rows
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
-        logits, token_ids, log_norm = ctx.saved_tensors
+    def backward(
+        ctx: Any, grad_out: torch.Tensor
+    ) -> tuple[torch.Tensor | None, None, None, None, None]:
+        logits, token_ids, support, log_norm = ctx.saved_tensors
         temperature: float = ctx.temperature
         grad_logits = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         # d log p_t / d z_j = (1[j = t] - softmax_j) / T
@@ -138,10 +215,20 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
                     work.div_(temperature)
             else:
                 work = _scaled(block, temperature, writable=True)
+            restrict(work, _support_rows(support, prefix, rows_slice))
             work.sub_(norm).exp_().mul_(-upstream).scatter_add_(-1, ids, upstream)
             if work is not target:
                 target.copy_(work)
-        return grad_logits, None, None, None
+        return grad_logits, None, None, None, None
+
+
+def _support_rows(
+    support: torch.Tensor | None, prefix: tuple[int, ...], rows_slice: slice
+) -> torch.Tensor | None:
+    """The ``[rows, K]`` support of one block from ``_blocks``."""
+    if support is None:
+        return None
+    return support[prefix].reshape(-1, support.shape[-1])[rows_slice]
 
 
 def selective_log_softmax(
@@ -149,6 +236,7 @@ def selective_log_softmax(
     token_ids: torch.Tensor,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    support: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``log softmax(logits / temperature)[token_ids]`` without the full log-softmax tensor.
 
@@ -158,13 +246,19 @@ def selective_log_softmax(
     per chunk on CPU and 64M on other devices. Differentiable with respect to ``logits``, with
     the same memory bound.
     Pass the sampling temperature so the log-probs match the distribution that was sampled.
+
+    ``support`` (``[..., K]`` ids padded with ``SUPPORT_PAD``, see ``check_support``) restricts
+    each row's softmax to the tokens its sampler could draw (a top-p / top-k nucleus): the
+    log-prob is then renormalised over them, as the sampled distribution was.
     """
     rows = _check_common(logits, temperature, chunk_size)
     _check_token_ids(token_ids, logits, "logits")
     ids = token_ids.to(torch.long).contiguous()
+    if support is not None:
+        support = check_support(support, ids, logits.shape[-1]).contiguous()
     # torch declares Function.apply without types.
     result: torch.Tensor = _SelectiveLogSoftmax.apply(  # type: ignore[no-untyped-call]
-        logits, ids, float(temperature), rows
+        logits, ids, support, float(temperature), rows
     )
     return result
 
