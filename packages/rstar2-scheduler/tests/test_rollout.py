@@ -371,3 +371,38 @@ async def test_every_token_records_the_weights_version_that_sampled_it(
     assert trajectory.versions == ["1"] * len(turns[0]) + [None] * glue + ["2"] * len(turns[1])
     with pytest.raises(ValidationError, match="versions"):
         Trajectory.model_validate({**trajectory.model_dump(), "versions": ["1"]})
+
+
+class SupportEngine(ScriptedEngine):
+    """A scripted engine that reports a support per token when asked: the token and its
+    successor."""
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        result = await super().generate(request)
+        if not request.sampling.return_support:
+            return result
+        support = tuple((token, token + 1) for token in result.token_ids)
+        return result.model_copy(update={"support": support})
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("asked", [True, False])
+async def test_supports_are_kept_token_by_token_when_the_rollout_asks(
+    tokenizer: PreTrainedTokenizerFast, asked: bool
+) -> None:
+    runner, script, _ = make(tokenizer, top_p=0.9, top_k=50, return_support=asked)
+    turns = [script.turn(tool_call("print(6 * 7)")), script.turn(ANSWER)]
+    engine = SupportEngine(turns)
+    trajectory = await runner.rollout(PROBLEM, engine, rollout_id="r", seed=3)
+    assert {(r.sampling.top_k, r.sampling.return_support) for r in engine.requests} == {(50, asked)}
+    if not asked:
+        assert trajectory.support is None
+        return
+    glue = trajectory.turns[0].glue_tokens
+    assert trajectory.support == [
+        *([t, t + 1] for t in turns[0]),
+        *([] for _ in range(glue)),
+        *([t, t + 1] for t in turns[1]),
+    ]
+    with pytest.raises(ValidationError, match="support must have one entry per response token"):
+        Trajectory.model_validate({**trajectory.model_dump(), "support": [[1]]})

@@ -38,10 +38,20 @@ class SamplingParams(BaseModel):
     max_new_tokens: int = Field(gt=0, description="Most tokens to generate.")
     temperature: float = Field(default=1.0, ge=0, description="0 means greedy.")
     top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(
+        default=0, ge=0, description="Draw among the k most likely tokens only; 0: no limit."
+    )
     stop_token_ids: tuple[int, ...] = Field(
         default=(), description="Generation ends after emitting any of these (it is kept)."
     )
     seed: int | None = Field(default=None, description="Per-request seed where supported.")
+    return_support: bool = Field(
+        default=False,
+        description="Report each sampled token's support, the ids the sampler could draw (its "
+        "top-p / top-k set), with the log-prob renormalised over them: a trainer renormalising "
+        "over the same ids then recomputes the sampling log-prob exactly at any top_p and "
+        "temperature. Engines that cannot report supports fail the request.",
+    )
 
 
 class GenerationRequest(BaseModel):
@@ -86,12 +96,22 @@ class GenerationResult(BaseModel):
         "of the engine's last acknowledged ``update_weights``); None where the engine records "
         "none. Weights change only between two generate calls, so one label covers every token.",
     )
+    support: tuple[tuple[int, ...], ...] | None = Field(
+        default=None,
+        description="Per token, when the request asked for it (return_support): the ids the "
+        "sampler could draw, its top-p / top-k set (empty: the whole vocabulary, as for a "
+        "greedy token); each log-prob is then renormalised over its set.",
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> Self:
         if len(self.logprobs) != len(self.token_ids):
             raise ValueError(
                 f"{len(self.token_ids)} tokens but {len(self.logprobs)} log-probs; one each"
+            )
+        if self.support is not None and len(self.support) != len(self.token_ids):
+            raise ValueError(
+                f"{len(self.token_ids)} tokens but {len(self.support)} support sets; one each"
             )
         if self.loss_mask is not None and (
             len(self.loss_mask) != len(self.token_ids) or set(self.loss_mask) - {0, 1}

@@ -47,6 +47,13 @@ class RolloutConfig(BaseModel):
     )
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0, description="Sample among the k most likely; 0: off.")
+    return_support: bool = Field(
+        default=False,
+        description="Ask the engine for each token's sampling support (its top-p / top-k set) "
+        "and keep it in the trajectory, so a trainer renormalises its log-probs over the same "
+        "ids and the PPO ratio is exact under top_p < 1 or top_k.",
+    )
     tool_output_chars: int | None = Field(
         default=DEFAULT_TOOL_OUTPUT_CHARS,
         ge=2,
@@ -114,6 +121,8 @@ class RolloutRunner:
                     max_new_tokens=budget_left,
                     temperature=config.temperature,
                     top_p=config.top_p,
+                    top_k=config.top_k,
+                    return_support=config.return_support,
                     stop_token_ids=self.chat.stop_token_ids,
                     seed=None if seed is None else (seed * _SEED_STRIDE + index) % 2**63,
                 ),
@@ -128,7 +137,11 @@ class RolloutRunner:
                 )
                 break
             text = conversation.add_model_turn(
-                result.token_ids, result.logprobs, result.loss_mask, version=result.weights_version
+                result.token_ids,
+                result.logprobs,
+                result.loss_mask,
+                version=result.weights_version,
+                support=result.support,
             )
             texts.append(text)
             spent += result.generated_tokens
@@ -182,6 +195,7 @@ class RolloutRunner:
             loss_mask=conversation.loss_mask,
             logprobs=conversation.logprobs,
             versions=conversation.versions,
+            support=conversation.support if config.return_support else None,
             turns=turns,
             stop_reason=stop,
             error=error,

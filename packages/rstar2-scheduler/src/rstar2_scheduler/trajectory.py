@@ -108,6 +108,13 @@ class Trajectory(BaseModel):
         description="Per response token: the weights version that sampled it (None for tool "
         "and template tokens, and where the engine records no version)."
     )
+    support: list[list[int]] | None = Field(
+        default=None,
+        description="Per response token, when the rollout asked for supports "
+        "(RolloutConfig.return_support): the ids its sampler could draw, over which its "
+        "log-prob is renormalised (empty: the whole vocabulary, as for tool and template "
+        "tokens). None: every log-prob is over the whole vocabulary.",
+    )
     turns: list[TurnRecord]
     stop_reason: StopReason
     error: str | None = Field(default=None, description="Engine error, when stop is engine_error.")
@@ -130,6 +137,11 @@ class Trajectory(BaseModel):
             )
         if any(bit not in (0, 1) for bit in self.loss_mask):
             raise ValueError("loss_mask entries must be 0 or 1")
+        if self.support is not None and len(self.support) != len(self.response_ids):
+            raise ValueError(
+                f"support must have one entry per response token; got {len(self.support)} for "
+                f"{len(self.response_ids)} tokens"
+            )
         return self
 
     @property

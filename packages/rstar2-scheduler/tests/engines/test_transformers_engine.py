@@ -159,6 +159,34 @@ async def test_greedy_and_top_p(model: Qwen2ForCausalLM, score: Score, decode: s
     assert greedy.token_ids == tuple(int(t) for t in logits[len(prompt) - 1 : -1].argmax(-1))
 
 
+async def test_a_nucleus_request_returns_its_supports_and_renormalised_log_probs(
+    model: Qwen2ForCausalLM, decode: str
+) -> None:
+    prompt = [11, 12, 13, 14]
+    sampling = {"temperature": 0.7, "top_p": 0.8, "top_k": 40, "seed": 3}
+    async with make_engine(model, decode, kv_budget_tokens=512) as engine:
+        plain = await engine.generate(ask(prompt, 12, "plain", **sampling))
+        asked = await engine.generate(ask(prompt, 12, "asked", return_support=True, **sampling))
+    assert plain.support is None
+    assert asked.token_ids == plain.token_ids  # the same draw; only what is reported differs
+    assert asked.support is not None
+    assert len(asked.support) == len(asked.token_ids)
+    with torch.inference_mode():
+        ids = torch.tensor([[*prompt, *asked.token_ids]])
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double() / 0.7
+    for position, (token, support) in enumerate(zip(asked.token_ids, asked.support, strict=True)):
+        probs, order = torch.sort(torch.softmax(logits[position], -1), descending=True)
+        kept = order[:40][(torch.cumsum(probs[:40], 0) - probs[:40]) / probs[:40].sum() < 0.8]
+        assert set(support) == set(kept.tolist())
+        assert token in support
+        row = logits[position]
+        renormalised = row[token] - torch.logsumexp(row[list(support)], 0)
+        assert asked.logprobs[position] == pytest.approx(float(renormalised), abs=1e-4)
+        assert plain.logprobs[position] == pytest.approx(
+            float(torch.log_softmax(row, -1)[token]), abs=1e-4
+        )
+
+
 async def test_from_pretrained(
     model: Qwen2ForCausalLM, tmp_path: Path, score: Score, decode: str
 ) -> None:

@@ -56,6 +56,59 @@ def test_the_mode_for_each_sampling() -> None:
             assert (temperature, top_p) == (0.7, 0.9)
 
 
+def test_with_supports_processed_log_probs_are_the_trainers_at_any_nucleus() -> None:
+    assert logprobs_mode_for(0.7, 0.9, top_k=20, return_support=True) == "processed_logprobs"
+    assert logprobs_mode_for(1.0, 0.9, return_support=True) == "processed_logprobs"
+    with pytest.raises(ValueError, match=r"top_p 1, top_k 20.*return_support"):
+        logprobs_mode_for(0.7, 1.0, top_k=20)
+    # Without supports a top-k cut is vLLM's processed mode renormalised, not the trainer's.
+    top_k = SamplingParams(max_new_tokens=1, temperature=0.7, top_k=20)
+    assert not temperature_logprobs("processed_logprobs", top_k)
+    assert temperature_logprobs(
+        "processed_logprobs", top_k.model_copy(update={"return_support": True})
+    )
+    assert not temperature_logprobs(
+        "raw_logprobs", SamplingParams(max_new_tokens=1, return_support=True, top_p=0.9)
+    )
+
+
+@needs_vllm
+@pytest.mark.asyncio
+@pytest.mark.parametrize("started_with_masks", [True, False])
+async def test_supports_come_from_vllms_sampling_mask(started_with_masks: bool) -> None:
+    llm = StandInAsyncLLM(SMALLEST, sampling_masks=[[1, 7, 3], [2]])
+    args = {"return_sampling_mask": True} if started_with_masks else {}
+    engine = VLLMEngine(
+        VLLMEngineConfig(model="m", engine_args=args), llm=llm, transport=llm.memory.engine()
+    )
+    sampling = SamplingParams(max_new_tokens=2, temperature=0.7, top_p=0.9, top_k=8)
+    request = GenerationRequest(
+        request_id="r",
+        prompt_ids=(1,),
+        sampling=sampling.model_copy(update={"return_support": True}),
+    )
+    running = asyncio.create_task(engine.generate(request))
+    if started_with_masks:
+        await llm.held.wait()
+        llm.release()
+    result = await running
+    if started_with_masks:
+        assert result.support == ((1, 7, 3), (2,))
+        assert result.token_ids == (1, 2)
+    else:
+        assert result.finish_reason == "error"
+        assert result.error is not None
+        assert "return_sampling_mask: true" in result.error
+
+
+@needs_vllm
+def test_vllm_requests_carry_top_k() -> None:
+    from rstar2_scheduler.engines.vllm import vllm_sampling_params
+
+    assert vllm_sampling_params(SamplingParams(max_new_tokens=3, top_k=20)).top_k == 20
+    assert vllm_sampling_params(SamplingParams(max_new_tokens=3)).top_k == 0
+
+
 def test_the_engine_starts_vllm_with_its_configured_mode() -> None:
     assert engine_arguments(VLLMEngineConfig(model="m"))["logprobs_mode"] == "processed_logprobs"
     raw = VLLMEngineConfig(model="m", logprobs_mode=logprobs_mode_for(1.0, 0.9))
@@ -84,7 +137,7 @@ async def test_a_request_whose_log_probs_differ_from_the_trainers_is_served_with
     warnings = [r.getMessage() for r in caplog.records if "a trainer recomputes" in r.getMessage()]
     assert len(warnings) == 1
     assert (
-        "top_p 0.9 are vLLM's processed_logprobs, renormalised over the top-p nucleus"
+        "top_p 0.9, top_k 0 are vLLM's processed_logprobs, renormalised over the top-p nucleus"
         in (warnings[0])
     )
 

@@ -509,6 +509,15 @@ class Request:
     aborted: bool = False
 
 
+def sampling_mask(token_ids: list[list[int]]) -> Any:
+    """vLLM's own ``SamplingMask`` where vLLM is installed (0.32 and later), else its shape."""
+    try:
+        from vllm.outputs import SamplingMask
+    except ImportError:
+        return SimpleNamespace(token_ids=token_ids)
+    return SamplingMask(token_ids=token_ids)
+
+
 class StandInAsyncLLM:
     """The ``AsyncLLM`` calls ``VLLMEngine`` makes, recorded, with vLLM's rules (see module)."""
 
@@ -523,7 +532,9 @@ class StandInAsyncLLM:
         model: ModelKind = "stand-in",
         kv_bytes: int = 0,
         dtype: torch.dtype | None = None,
+        sampling_masks: list[list[int]] | None = None,
     ) -> None:
+        self.sampling_masks = sampling_masks  # per answered token, as return_sampling_mask gives
         self.uuids = [f"GPU-{rank}" for rank in range(tp)]
         self.memory = memory if memory is not None else HostMemory(self.uuids)
         self.kv_bytes = kv_bytes  # each rank's KV cache
@@ -717,6 +728,9 @@ class StandInAsyncLLM:
             token_ids=[1, 2],
             logprobs=[{1: logprob}, {2: logprob}],
             finish_reason="abort" if request.aborted else "stop",
+            sampling_mask=None
+            if self.sampling_masks is None
+            else sampling_mask(self.sampling_masks),
         )
         yield SimpleNamespace(outputs=[completion])
 

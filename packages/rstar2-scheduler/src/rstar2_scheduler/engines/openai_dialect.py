@@ -60,6 +60,14 @@ class Dialect:
         """The ``/completions`` request body for one generation."""
         if decode is None and (not self.token_ids or not self.extensions):
             raise ValueError(f"{self.describe()} need the served model's tokenizer")
+        if sampling.return_support:
+            raise ValueError(
+                "an OpenAI-compatible server reports no sampling supports (return_support): "
+                "sample with an in-process engine (transformers, or vLLM started with "
+                "return_sampling_mask)"
+            )
+        if sampling.top_k and not (self.extensions or self.generation_config):
+            raise ValueError(f"{self.describe()} take no top_k; sample with top_k 0")
         body: dict[str, Any] = {
             "model": model,
             "prompt": list(prompt_ids) if self.token_ids else _decode(decode, prompt_ids),
@@ -76,7 +84,7 @@ class Dialect:
                 return_tokens_as_token_ids=True,
                 return_token_ids=True,
                 # -1 disables top-k on vLLM (all versions) and SGLang.
-                top_k=-1,
+                top_k=sampling.top_k or -1,
                 min_p=0.0,
                 repetition_penalty=1.0,
             )
@@ -105,7 +113,7 @@ def _generation_config(sampling: SamplingParams) -> dict[str, Any]:
         "do_sample": True,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
-        "top_k": 0,
+        "top_k": sampling.top_k,
         "min_p": 0.0,
         "repetition_penalty": 1.0,
     }

@@ -48,7 +48,7 @@ from rstar2_scheduler.engine import (
     NamedTensors,
 )
 from rstar2_scheduler.engines.padded import KVBatch, PaddedBatch
-from rstar2_scheduler.engines.sampling import sample_next
+from rstar2_scheduler.engines.sampling import Sampled, sample_next
 from rstar2_scheduler.engines.slots import (
     DEFAULT_COMPILE_BUDGET_S,
     DEFAULT_MAX_COMPILED_GRAPHS,
@@ -58,7 +58,7 @@ from rstar2_scheduler.engines.slots import (
 
 logger = logging.getLogger(__name__)
 
-_StepFn = Callable[[list["_Row"]], tuple[list[int], list[float]]]
+_StepFn = Callable[[list["_Row"]], Sampled]
 """One forward step over some batch rows: their next tokens and log-probs."""
 
 
@@ -117,6 +117,7 @@ class _Row:
     its batch."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    support: list[tuple[int, ...]] = field(default_factory=list)
 
     @property
     def reserved(self) -> int:
@@ -146,6 +147,7 @@ class _Row:
                     finish_reason=reason,
                     error=error,
                     weights_version=version,
+                    support=tuple(self.support) if self.request.sampling.return_support else None,
                 )
             )
 
@@ -316,10 +318,12 @@ class TransformersEngine(Engine):
         """Generate one token for each of ``rows`` (all running rows, or those joining the
         batch); finished rows leave the batch."""
         async with self._model_lock:
-            tokens, logprobs = await run_on_device(str(self._device), self._run, step, rows)
-        for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
+            sampled = await run_on_device(str(self._device), self._run, step, rows)
+        for row, token, logprob, support in zip(rows, *sampled, strict=True):
             row.tokens.append(token)
             row.logprobs.append(logprob)
+            if support is not None:
+                row.support.append(support)
             reason = row.finish_reason()
             if reason is not None:
                 row.resolve(reason, version=self.weights_version)
@@ -331,7 +335,7 @@ class TransformersEngine(Engine):
         elif len(keep) < len(batch):
             self._select(keep)
 
-    def _run(self, step: _StepFn, rows: list[_Row]) -> tuple[list[int], list[float]]:
+    def _run(self, step: _StepFn, rows: list[_Row]) -> Sampled:
         """``step(rows)`` with the engine's torch thread count, restored after (the compute
         thread also runs other work, such as a trainer's update)."""
         threads = self.config.torch_threads
@@ -377,25 +381,22 @@ class TransformersEngine(Engine):
         return [(*row.request.prompt_ids, *row.tokens) for row in rows], [r.reserved for r in rows]
 
     @torch.inference_mode()
-    def _prefill(self, rows: list[_Row]) -> tuple[list[int], list[float]]:
+    def _prefill(self, rows: list[_Row]) -> Sampled:
         return self._sample(rows, self._batch.start(*self._contexts(rows)))
 
     @torch.inference_mode()
-    def _join(self, rows: list[_Row]) -> tuple[list[int], list[float]]:
+    def _join(self, rows: list[_Row]) -> Sampled:
         """Prefill ``rows`` (the last rows of ``_running``) alone and add them to the batch."""
         return self._sample(rows, self._batch.join(*self._contexts(rows)))
 
     @torch.inference_mode()
-    def _decode(self, rows: list[_Row]) -> tuple[list[int], list[float]]:
+    def _decode(self, rows: list[_Row]) -> Sampled:
         tokens = [row.tokens[-1] for row in rows]
         return self._sample(rows, self._batch.step(tokens, [row.length - 1 for row in rows]))
 
-    def _sample(self, rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
+    def _sample(self, rows: list[_Row], logits: torch.Tensor) -> Sampled:
         return sample_next(
-            logits,
-            [row.request.sampling.temperature for row in rows],
-            [row.request.sampling.top_p for row in rows],
-            [row.rng for row in rows],
+            logits, [row.request.sampling for row in rows], [row.rng for row in rows]
         )
 
     async def update_weights(self, weights: NamedTensors, *, version: str | None = None) -> None:

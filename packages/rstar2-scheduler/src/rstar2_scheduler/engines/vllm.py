@@ -37,6 +37,11 @@ renormalised over a top-p nucleus. vLLM has no such mode for every request, so t
 started with the ``logprobs_mode`` that gives it for the sampling it serves (``logprobs_mode_for``):
 ``processed_logprobs`` (after temperature, top-p and top-k) is it while ``top_p == 1``,
 ``raw_logprobs`` (before temperature) while ``T == 1``. Other requests are served with a warning.
+A request with ``return_support`` on an engine started with ``return_sampling_mask`` (vLLM 0.32
+and later; it then serves only requests with temperature > 0 and top_k > 0) also gets each
+token's support, the ids vLLM's sampler kept after top-k and top-p, and its
+``processed_logprobs`` are renormalised over exactly those: a trainer that renormalises over the
+same ids recomputes them at any temperature and top_p.
 Each result carries the version of the weights it started under. KV statistics come from vLLM's
 own scheduler statistics through a stat logger: cache usage (``kv_cache_usage``), running and
 waiting requests, preemptions.
@@ -97,23 +102,36 @@ def temperature_logprobs(mode: LogprobsMode, sampling: SamplingParams) -> bool:
     if sampling.temperature == 0:
         return True
     if mode == "raw_logprobs":
-        return sampling.temperature == 1.0
-    return sampling.top_p == 1.0
+        return sampling.temperature == 1.0 and not sampling.return_support
+    # Renormalised over the nucleus: what a trainer recomputes when it renormalises over the
+    # support the request returns.
+    return sampling.return_support or (sampling.top_p == 1.0 and sampling.top_k == 0)
 
 
-def logprobs_mode_for(temperature: float, top_p: float) -> LogprobsMode:
-    """The ``logprobs_mode`` under which vLLM's log-probs of requests sampled at ``temperature``
-    and ``top_p`` are ``log_softmax(logits / temperature)`` at the sampled token. Raises
-    ``ValueError`` for ``top_p < 1`` at a temperature other than 0 and 1: vLLM reports no such
-    log-prob then."""
-    sampling = SamplingParams(max_new_tokens=1, temperature=temperature, top_p=top_p)
+def logprobs_mode_for(
+    temperature: float, top_p: float, *, top_k: int = 0, return_support: bool = False
+) -> LogprobsMode:
+    """The ``logprobs_mode`` under which vLLM's log-probs of requests sampled at ``temperature``,
+    ``top_p`` and ``top_k`` are what a trainer recomputes: ``log_softmax(logits / temperature)``
+    at the sampled token, renormalised over its support with ``return_support``. Raises
+    ``ValueError`` for a nucleus (``top_p < 1`` or ``top_k``) at a temperature other than 0 and
+    1 without ``return_support``: vLLM reports no such log-prob then."""
+    sampling = SamplingParams(
+        max_new_tokens=1,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        return_support=return_support,
+    )
     for mode in ("processed_logprobs", "raw_logprobs"):
         if temperature_logprobs(mode, sampling):
             return mode
     raise ValueError(
-        f"vLLM cannot report temperature-{temperature:g} log-probs for top_p {top_p:g}: its "
-        "processed_logprobs are renormalised over the top-p nucleus and its raw_logprobs come "
-        "before temperature; sample with top_p 1 or temperature 1"
+        f"vLLM cannot report temperature-{temperature:g} log-probs for top_p {top_p:g}, top_k "
+        f"{top_k}: its processed_logprobs are renormalised over the nucleus and its raw_logprobs "
+        "come before temperature; sample with top_p 1 and top_k 0 or temperature 1, or have "
+        "the trainer renormalise too (return_support, which starts vLLM with "
+        "return_sampling_mask)"
     )
 
 
@@ -160,8 +178,8 @@ class VLLMEngineConfig(BaseModel):
         default="processed_logprobs",
         description="vLLM's logprobs_mode. processed_logprobs: log_softmax(logits / T) while "
         "top_p is 1 (renormalised over the nucleus below 1); raw_logprobs: log_softmax(logits) "
-        "before temperature, the same at T = 1 for any top_p. logprobs_mode_for(T, top_p) picks "
-        "the one a trainer's recomputation matches.",
+        "before temperature, the same at T = 1 for any top_p. logprobs_mode_for(T, top_p, ...) "
+        "picks the one a trainer's recomputation matches.",
     )
 
     @field_validator("engine_args")
@@ -223,6 +241,7 @@ def vllm_sampling_params(sampling: SamplingParams) -> Any:
         max_tokens=sampling.max_new_tokens,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
+        top_k=sampling.top_k,
         seed=sampling.seed,
         stop_token_ids=list(sampling.stop_token_ids),
         logprobs=0,  # the sampled token's log-prob only
@@ -230,6 +249,15 @@ def vllm_sampling_params(sampling: SamplingParams) -> Any:
         skip_special_tokens=False,
         output_kind=RequestOutputKind.FINAL_ONLY,
     )
+
+
+def _support(completion: Any) -> tuple[tuple[int, ...], ...] | None:
+    """The support of each sampled token from vLLM's ``CompletionOutput.sampling_mask`` (a
+    ``SamplingMask`` of per-token id lists, returned with ``return_sampling_mask``)."""
+    mask = getattr(completion, "sampling_mask", None)
+    if mask is None:
+        return None
+    return tuple(tuple(int(i) for i in ids) for ids in mask.token_ids)
 
 
 def _check_extension(qualname: object) -> None:
@@ -359,7 +387,7 @@ class VLLMEngine(Engine):
         self._packed = False  # the workers' layers are packed (vLLM's CPU backend): sync whole
         self._running: set[str] = set()  # ids of the requests vLLM holds for this engine
         self._failures = 0  # failed syncs that left the weights broken, so far
-        self._unlike_trainer: set[tuple[float, float]] = set()  # samplings already warned of
+        self._unlike_trainer: set[tuple[float, float, int]] = set()  # samplings already warned of
         self.weights_version: str | None = None
         self.last_sync: WeightSyncStats | None = None
         if llm is not None:
@@ -429,7 +457,7 @@ class VLLMEngine(Engine):
         """Warn, once per sampling, when this request's log-probs are not those a trainer
         recomputes (they are served all the same: evaluation does not use them)."""
         mode = self.config.logprobs_mode
-        key = (sampling.temperature, sampling.top_p)
+        key = (sampling.temperature, sampling.top_p, sampling.top_k)
         if temperature_logprobs(mode, sampling) or key in self._unlike_trainer:
             return
         self._unlike_trainer.add(key)
@@ -439,12 +467,14 @@ class VLLMEngine(Engine):
             else "taken before temperature"
         )
         logger.warning(
-            "%s: log-probs of requests at temperature %g, top_p %g are vLLM's %s, %s, not the "
-            "log_softmax(logits / T) a trainer recomputes; to train on them start the engine "
-            "with logprobs_mode=logprobs_mode_for(T, top_p)",
+            "%s: log-probs of requests at temperature %g, top_p %g, top_k %d are vLLM's %s, %s, "
+            "not the log_softmax(logits / T) a trainer recomputes; to train on them start the "
+            "engine with logprobs_mode=logprobs_mode_for(T, top_p, top_k=...) or ask for "
+            "return_support",
             self.name,
             sampling.temperature,
             sampling.top_p,
+            sampling.top_k,
             mode,
             meaning,
         )
@@ -456,6 +486,14 @@ class VLLMEngine(Engine):
             return GenerationResult.failed(request.request_id, refusal)
         from vllm import TokensPrompt
 
+        if request.sampling.return_support and not self.config.engine_args.get(
+            "return_sampling_mask"
+        ):
+            return GenerationResult.failed(
+                request.request_id,
+                f"engine {self.name!r} reports supports (return_support) only when started "
+                "with engine_args return_sampling_mask: true",
+            )
         self._check_logprobs(request.sampling)
         # A sync while the request runs lets it continue under the new weights: it is labelled
         # with the weights it started under, the oldest of any of its tokens.
@@ -494,11 +532,21 @@ class VLLMEngine(Engine):
                 break
             logprobs.append(float(position[token].logprob))
         reason = _FINISH.get(str(completion.finish_reason))
-        if reason is None or len(logprobs) != len(token_ids):
+        support = _support(completion) if request.sampling.return_support else None
+        if (
+            reason is None
+            or len(logprobs) != len(token_ids)
+            or (request.sampling.return_support and len(support or ()) != len(token_ids))
+        ):
             return GenerationResult.failed(
                 request.request_id,
                 f"unexpected vLLM output: finish_reason {completion.finish_reason!r}, "
-                f"{len(token_ids)} tokens, {len(logprobs)} log-probs of sampled tokens",
+                f"{len(token_ids)} tokens, {len(logprobs)} log-probs of sampled tokens"
+                + (
+                    f", {len(support or ())} sampling masks"
+                    if request.sampling.return_support
+                    else ""
+                ),
             )
         return GenerationResult(
             request_id=request.request_id,
@@ -506,6 +554,7 @@ class VLLMEngine(Engine):
             logprobs=tuple(logprobs),
             finish_reason=reason,
             weights_version=version,
+            support=support,
         )
 
     async def _rpc(self, method: str, **kwargs: Any) -> list[Any]:

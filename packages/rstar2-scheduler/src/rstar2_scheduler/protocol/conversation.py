@@ -3,8 +3,9 @@
 The conversation is never re-tokenized: the prompt and each piece of template glue (end of the
 assistant turn, the tool response as a user turn, the next assistant header) are encoded once and
 appended after the model's own token ids. Model tokens get loss mask 1, their sampling
-log-probs and the version label of the weights that sampled them; glue and tool tokens get
-mask 0, log-prob 0 and no version.
+log-probs, the version label of the weights that sampled them and, where the engine reports it,
+their sampling support; glue and tool tokens get mask 0, log-prob 0, no version and the whole
+vocabulary as support.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Conversation:
         self.loss_mask: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[str | None] = []
+        self.support: list[list[int]] = []
         self._prefill = prefill
 
     @property
@@ -50,15 +52,19 @@ class Conversation:
         loss_mask: Sequence[int] | None = None,
         *,
         version: str | None = None,
+        support: Sequence[Sequence[int]] | None = None,
     ) -> str:
         """Append one generated turn; returns its text (without the end-of-turn token).
 
         Model tokens get mask 1 unless ``loss_mask`` (one per token) says otherwise: a token the
         engine has no sampling log-prob for is not trained on. ``version`` labels the weights
-        that sampled them (``GenerationResult.weights_version``).
+        that sampled them (``GenerationResult.weights_version``), ``support`` (one per token)
+        the ids each was drawn from (``GenerationResult.support``; None: the whole vocabulary).
         """
-        if len(token_ids) != len(logprobs) or (
-            loss_mask is not None and len(loss_mask) != len(token_ids)
+        if (
+            len(token_ids) != len(logprobs)
+            or (loss_mask is not None and len(loss_mask) != len(token_ids))
+            or (support is not None and len(support) != len(token_ids))
         ):
             raise ValueError(
                 f"a model turn needs one log-prob (and mask entry) per token: {len(token_ids)} "
@@ -68,6 +74,7 @@ class Conversation:
         self.loss_mask += [1] * len(token_ids) if loss_mask is None else loss_mask
         self.logprobs += logprobs
         self.versions += [version] * len(token_ids)
+        self.support += [[]] * len(token_ids) if support is None else [list(s) for s in support]
         self.text += self.chat.decode(token_ids)
         body = (
             token_ids[:-1] if token_ids and token_ids[-1] in self.chat.stop_token_ids else token_ids
@@ -111,5 +118,6 @@ class Conversation:
         self.loss_mask += [0] * len(glue.ids)
         self.logprobs += [0.0] * len(glue.ids)
         self.versions += [None] * len(glue.ids)
+        self.support += [[]] * len(glue.ids)
         self.text += glue.text
         self.messages.extend(glue.messages)
