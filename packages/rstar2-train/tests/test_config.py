@@ -94,6 +94,14 @@ def test_null_clears_an_inherited_value(tmp_path: Path) -> None:
         (["rl.loss.behaviour_band=[2, 1]"], "behaviour_band must be [low, high]"),
         (["rl.engines.cpus=[1]"], "cpus: pins engine processes; set process: true"),
         (
+            [
+                "rl.engines.kind=vllm",
+                "rl.rollout={top_k: 20, return_support: true}",
+                "rl.validation={benchmarks: [aime24]}",
+            ],
+            "rl.validation's requests would be refused",
+        ),
+        (
             ["rl.engines.process=true", "placement={trainer: {ranks: 1}}"],
             "with placement each engine is a Ray actor already",
         ),

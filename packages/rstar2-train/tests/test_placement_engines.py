@@ -138,15 +138,14 @@ def test_every_result_carries_the_version_of_the_weights_that_sampled_it(
 
 
 def test_a_vllm_engine_reports_the_log_probs_the_trainer_recomputes() -> None:
-    def spec(temperature: float, top_p: float) -> EngineSpec:
+    def spec(temperature: float, top_p: float, **more: Any) -> EngineSpec:
         return EngineSpec(
             kind="vllm",
             name="engine-0",
             seed=0,
             vllm_model="/ckpt",
             vllm_args={"gpu_memory_utilization": 0.5},
-            temperature=temperature,
-            top_p=top_p,
+            rollout=RolloutConfig(temperature=temperature, top_p=top_p, **more),
         )
 
     config = spec(1.0, 1.0).vllm_config()
@@ -160,6 +159,12 @@ def test_a_vllm_engine_reports_the_log_probs_the_trainer_recomputes() -> None:
     assert spec(1.0, 0.95).vllm_config().logprobs_mode == "raw_logprobs"
     with pytest.raises(ValueError, match=r"rl.rollout with rl.engines.kind=vllm: .*top_p 0\.95"):
         spec(0.6, 0.95)  # in the driver, before any actor starts
+    # Supports make vLLM's processed log-probs the trainer's at any nucleus.
+    masked = spec(0.6, 0.95, top_k=50, return_support=True).vllm_config()
+    assert masked.logprobs_mode == "processed_logprobs"
+    assert masked.engine_args == {"gpu_memory_utilization": 0.5, "return_sampling_mask": True}
+    with pytest.raises(ValueError, match=r"temperature > 0 and top_k > 0.*top_k 0"):
+        spec(0.6, 0.95, return_support=True)
 
 
 def test_the_in_process_vllm_engine_uses_the_same_log_prob_mode() -> None:

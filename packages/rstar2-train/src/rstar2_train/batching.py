@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from rstar2_algo import fused_linear_logprobs, selective_log_softmax
+from rstar2_algo import SUPPORT_PAD, fused_linear_logprobs, selective_log_softmax
 from rstar2_train.attention import VARLEN_ATTENTION, offsets_from_lengths, varlen_kwargs
 from rstar2_train.lm_head import final_hidden_states, fusable_head
 from rstar2_train.startup import announce_compile, note_forward
@@ -40,13 +40,20 @@ class TokenSequence:
     ids: list[int]
     mask: list[int]
     token_values: dict[str, list[float]] = field(default_factory=dict)
+    support: list[list[int]] | None = None
+    """Per token, aligned with ``ids``: the ids its sampler could draw (a top-p / top-k
+    nucleus; empty: the whole vocabulary). Its log-prob is then renormalised over them."""
 
     def __post_init__(self) -> None:
         if len(self.ids) < 2:
             raise ValueError("a training sequence needs at least two tokens")
         lengths = {len(self.mask), *(len(v) for v in self.token_values.values())}
+        if self.support is not None:
+            lengths.add(len(self.support))
         if lengths != {len(self.ids)}:
-            raise ValueError(f"mask and token values must have {len(self.ids)} entries each")
+            raise ValueError(
+                f"mask, token values and support must have {len(self.ids)} entries each"
+            )
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,10 @@ class MicroBatch:
     row_tokens: int | None = None
     """The token budget the micro-batch was planned with (a compiling attention pads packed
     rows to a multiple of it)."""
+    support: torch.Tensor | None = None
+    """``[sequences, positions, K]`` (int32): each target's sampling support, padded with
+    ``rstar2_algo.SUPPORT_PAD`` (a row of padding alone: the whole vocabulary); None when no
+    sequence has one."""
 
     def to(self, device: torch.device) -> MicroBatch:
         """This micro-batch with every tensor on ``device`` (itself when already there)."""
@@ -97,6 +108,7 @@ class MicroBatch:
             documents=None if self.documents is None else self.documents.to(device),
             longest=self.longest,
             row_tokens=self.row_tokens,
+            support=None if self.support is None else self.support.to(device),
         )
 
     @property
@@ -161,10 +173,16 @@ def plan_shared(
     return shared, sorted(alone)
 
 
-def _targets(
-    chosen: Sequence[TokenSequence], width: int
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """``valid``, ``mask`` and the per-token values of ``chosen`` in the sequence layout."""
+class _Targets(NamedTuple):
+    valid: torch.Tensor
+    mask: torch.Tensor
+    values: dict[str, torch.Tensor]
+    support: torch.Tensor | None
+
+
+def _targets(chosen: Sequence[TokenSequence], width: int) -> _Targets:
+    """``valid``, ``mask``, the per-token values and supports of ``chosen`` in the sequence
+    layout."""
     count = len(chosen)
     valid = torch.zeros((count, width), dtype=torch.bool)
     mask = torch.zeros((count, width))
@@ -178,7 +196,21 @@ def _targets(
             given = sequence.token_values.get(name)
             if given is not None:
                 values[name][row, :n] = torch.tensor(given[1:], dtype=torch.float32)
-    return valid, mask, values
+    return _Targets(valid, mask, values, _supports(chosen, width))
+
+
+def _supports(chosen: Sequence[TokenSequence], width: int) -> torch.Tensor | None:
+    """The targets' supports, ``[sequences, width, K]`` int32 (None when no sequence has one)."""
+    given = [s.support for s in chosen]
+    if all(support is None for support in given):
+        return None
+    size = max(len(ids) for support in given if support is not None for ids in support[1:])
+    out = torch.full((len(chosen), width, max(size, 1)), SUPPORT_PAD, dtype=torch.int32)
+    for row, support in enumerate(given):
+        for position, ids in enumerate(support[1:] if support is not None else ()):
+            if ids:
+                out[row, position, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+    return out
 
 
 def collate(
@@ -197,7 +229,7 @@ def collate(
     count = len(chosen)
     rows = torch.zeros((count, width), dtype=torch.long)
     cols = torch.zeros((count, width), dtype=torch.long)
-    valid, mask, values = _targets(chosen, width)
+    targets = _targets(chosen, width)
     if packing:
         flat = [token for s in chosen for token in s.ids]
         input_ids = torch.tensor([flat])
@@ -227,12 +259,13 @@ def collate(
         position_ids=position_ids,
         rows=rows,
         cols=cols,
-        valid=valid,
-        mask=mask,
-        token_values=values,
+        valid=targets.valid,
+        mask=targets.mask,
+        token_values=targets.values,
         documents=offsets_from_lengths(lengths) if packing else None,
         longest=max(lengths) if packing else 0,
         row_tokens=row_tokens,
+        support=targets.support,
     ).to(device)
 
 
@@ -255,7 +288,7 @@ def collate_shared(
     # Sequence position t predicts token t + 1, which is the output column t - (head - 1); the
     # positions before it predict head tokens, never trained (their column is a placeholder).
     cols = (torch.arange(width) - (head - 1)).clamp(min=0).expand(count, width).clone()
-    valid, mask, values = _targets(chosen, width)
+    targets = _targets(chosen, width)
     for row, sequence in enumerate(chosen):
         input_ids[row, : len(sequence.ids) - head] = torch.tensor(sequence.ids[head:])
     return MicroBatch(
@@ -264,10 +297,11 @@ def collate_shared(
         position_ids=torch.arange(head, head + tail).repeat(count, 1),
         rows=rows,
         cols=cols,
-        valid=valid,
-        mask=mask,
-        token_values=values,
+        valid=targets.valid,
+        mask=targets.mask,
+        token_values=targets.values,
         prefix_ids=torch.tensor([chosen[0].ids[:head]]),
+        support=targets.support,
     ).to(device)
 
 
@@ -336,16 +370,23 @@ def token_logprobs(
     targets = batch.input_ids if batch.prefix_ids is not None else batch.input_ids.roll(-1, 1)
     kept_col = torch.searchsorted(keep, batch.cols).clamp(max=keep.numel() - 1)
     temperature = temperature or 1.0
-    if head is None:
-        logprobs = selective_log_softmax(columns, targets[:, keep], temperature=temperature)
-        return torch.where(trained, logprobs[batch.rows, kept_col], 0.0)
     rows, cols = batch.rows[trained], kept_col[trained]
+    support = None if batch.support is None else batch.support[trained]
+    if head is None:
+        if support is not None:  # each trained target's support, in the output layout
+            shape = (*columns.shape[:2], support.shape[-1])
+            support = support.new_full(shape, SUPPORT_PAD).index_put((rows, cols), support)
+        logprobs = selective_log_softmax(
+            columns, targets[:, keep], temperature=temperature, support=support
+        )
+        return torch.where(trained, logprobs[batch.rows, kept_col], 0.0)
     picked = fused_linear_logprobs(
         columns[rows, cols],
         head.weight,
         targets[:, keep][rows, cols],
         bias=head.bias,
         temperature=temperature,
+        support=support,
     ).logprobs
     out = torch.zeros(trained.shape, dtype=picked.dtype, device=picked.device)
     # Differentiable in ``picked``, also when it is empty (the graph still reaches the model).

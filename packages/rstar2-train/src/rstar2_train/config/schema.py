@@ -619,6 +619,17 @@ class RLConfig(_Section):
                 "rl.rollout.chat: set the top-level chat section instead (SFT, RL and "
                 "evaluation must render prompts alike)"
             )
+        if (
+            self.rollout.return_support
+            and self.engines.kind == "vllm"
+            and self.validation is not None
+        ):
+            raise ValueError(
+                "rl.rollout.return_support with rl.engines.kind=vllm starts vLLM with sampling "
+                "masks, which serves only requests with temperature > 0 and top_k > 0: "
+                "rl.validation's requests would be refused; drop rl.validation and evaluate "
+                "checkpoints with rstar2-eval"
+            )
         return self
 
 

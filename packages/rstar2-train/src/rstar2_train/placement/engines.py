@@ -29,6 +29,7 @@ from rstar2_scheduler import (
     GenerationRequest,
     GenerationResult,
     KVStats,
+    RolloutConfig,
     TransformersEngine,
     TransformersEngineConfig,
     VLLMEngine,
@@ -48,8 +49,9 @@ class EnginesLostError(RuntimeError):
 class EngineSpec:
     """What an engine actor builds: a transformers engine over a model it is given, or vLLM.
 
-    ``temperature`` and ``top_p`` are the rollouts' sampling: a vLLM engine is started with the
-    log-prob mode whose log-probs the trainer's recomputation matches for them.
+    ``rollout`` holds the rollouts' sampling: a vLLM engine is started with the log-prob mode
+    (and, for ``return_support``, the sampling masks) whose log-probs the trainer's
+    recomputation matches for it.
     """
 
     kind: str
@@ -59,8 +61,7 @@ class EngineSpec:
     max_batch_size: int = 64
     vllm_model: str | None = None
     vllm_args: dict[str, Any] = field(default_factory=dict)
-    temperature: float = 1.0
-    top_p: float = 1.0
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
     def __post_init__(self) -> None:
         if self.kind == "vllm":
@@ -71,27 +72,36 @@ class EngineSpec:
         if self.vllm_model is None:
             raise ValueError(f"engine {self.name}: a vLLM engine needs vllm_model")
         return vllm_engine_config(
-            self.vllm_model,
-            name=self.name,
-            engine_args=self.vllm_args,
-            temperature=self.temperature,
-            top_p=self.top_p,
+            self.vllm_model, name=self.name, engine_args=self.vllm_args, rollout=self.rollout
         )
 
 
 def vllm_engine_config(
-    model: str, *, name: str, engine_args: dict[str, Any], temperature: float, top_p: float
+    model: str, *, name: str, engine_args: dict[str, Any], rollout: RolloutConfig
 ) -> VLLMEngineConfig:
     """A vLLM engine's config for RL, in a Ray actor or in this process: its model and
     arguments, with the log-prob mode whose behaviour log-probs the trainer's recomputation
-    matches at the rollouts' sampling (``ValueError`` naming rl.rollout when no mode does)."""
+    matches at the rollouts' sampling (``ValueError`` naming rl.rollout when no mode does), and
+    vLLM's sampling masks on when the rollouts ask for supports."""
     try:
-        mode = logprobs_mode_for(temperature, top_p)
+        mode = logprobs_mode_for(
+            rollout.temperature,
+            rollout.top_p,
+            top_k=rollout.top_k,
+            return_support=rollout.return_support,
+        )
     except ValueError as impossible:
         raise ValueError(f"rl.rollout with rl.engines.kind=vllm: {impossible}") from None
-    return VLLMEngineConfig(
-        model=model, name=name, engine_args=dict(engine_args), logprobs_mode=mode
-    )
+    arguments = dict(engine_args)
+    if rollout.return_support:
+        if rollout.temperature == 0 or rollout.top_k == 0:
+            raise ValueError(
+                "rl.rollout.return_support with rl.engines.kind=vllm: vLLM returns sampling "
+                "masks only for requests with temperature > 0 and top_k > 0 (its bound on a "
+                f"mask's size); got temperature {rollout.temperature:g}, top_k {rollout.top_k}"
+            )
+        arguments["return_sampling_mask"] = True
+    return VLLMEngineConfig(model=model, name=name, engine_args=arguments, logprobs_mode=mode)
 
 
 class EngineHost:

@@ -58,11 +58,7 @@ def make_engines(
         if model_path is None:
             raise ValueError("vLLM engines load a checkpoint: set model.path")
         vllm = vllm_engine_config(
-            model_path,
-            name="engine-0",
-            engine_args=config.vllm,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
+            model_path, name="engine-0", engine_args=config.vllm, rollout=rollout
         )
         return [VLLMEngine(vllm)]
     device = resolve_device(config.device)

@@ -34,8 +34,9 @@ ENGINE_LOGPROBS = "engine_logprobs"
 def training_sequences(
     rollouts: Sequence[ScoredRollout], selection: Selection
 ) -> list[TokenSequence]:
-    """Kept rollouts as sequences: prompt + response ids, the rollout's loss mask, and the
-    engine's sampling log-probs, all aligned with the ids."""
+    """Kept rollouts as sequences: prompt + response ids, the rollout's loss mask, the engine's
+    sampling log-probs and, where the rollouts kept them, the tokens' sampling supports (the
+    trainer's log-probs are then renormalised over the same ids), all aligned with the ids."""
     out = []
     for position in selection.kept:
         trajectory = rollouts[position].trajectory
@@ -45,6 +46,9 @@ def training_sequences(
                 ids=trajectory.input_ids,
                 mask=prompt + trajectory.loss_mask,
                 token_values={ENGINE_LOGPROBS: [0.0] * len(prompt) + trajectory.logprobs},
+                support=None
+                if trajectory.support is None
+                else [[] for _ in prompt] + trajectory.support,
             )
         )
     return out
