@@ -33,6 +33,7 @@ from rstar2_scheduler.sim.rl_loop import (
     RLSimConfig,
     RLSimReport,
     TrainerModel,
+    benchmark_arms,
     run_rl_benchmark,
 )
 from rstar2_scheduler.sim.workload import WorkloadConfig
@@ -399,7 +400,23 @@ _DEFAULT_TRAINER = TrainerModel()
 
 @app.command("rl-bench")
 def rl_bench(
-    engines: Annotated[int, typer.Option(min=1, help="Simulated inference engines.")] = 64,
+    engines: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Simulated inference engines, one GPU each; in the equal-hardware runs, the "
+            "GPUs in all.",
+        ),
+    ] = 64,
+    trainer_gpus: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Equal-hardware runs: GPUs out of --engines that train while the rest generate "
+            "(the synchronous loop trains on all of them between phases). Default: a quarter "
+            "of --engines; 0: split-hardware runs only.",
+        ),
+    ] = None,
     prompts: Annotated[
         int, typer.Option(min=1, help="Prompts per RL step (B).")
     ] = _DEFAULT_WORKLOAD.prompts,
@@ -409,7 +426,13 @@ def rl_bench(
     budget: BudgetOption = _DEFAULT_WORKLOAD.response_budget,
     kv_tokens: KVTokensOption = _DEFAULT_ENGINE.capacity_tokens,
     max_num_seqs: MaxNumSeqsOption = _DEFAULT_ENGINE.max_num_seqs,
-    steps: Annotated[int, typer.Option(min=2, help="RL steps per run.")] = 6,
+    steps: Annotated[
+        int,
+        typer.Option(
+            min=2,
+            help="RL steps per run; the last max_staleness of them drain and are not measured.",
+        ),
+    ] = 6,
     warmup_steps: Annotated[
         int, typer.Option(min=0, help="First steps left out of the rates (the pipeline fills).")
     ] = 1,
@@ -425,8 +448,8 @@ def rl_bench(
         float,
         typer.Option(
             min=0.0,
-            help="Update seconds per trained token (default: a 14B model on 64 GPUs of its "
-            "own at 35%% MFU).",
+            help="Update seconds per trained token on 64 GPUs (default: a 14B model at 35%% "
+            "MFU); on g GPUs it scales by 64 / g.",
         ),
     ] = _DEFAULT_TRAINER.s_per_token,
     trainer_fixed_s: Annotated[
@@ -449,12 +472,17 @@ def rl_bench(
     RolloutScheduler; admission under the staleness bound and weight swaps at turn boundaries
     are the production StalenessBuffer and TurnGate. The trainer is a cost model: an update
     takes fixed + per-token seconds, then every engine is held (its calls in flight finish) and
-    loads the weights. Reports steps per hour, engine and trainer idle, and the token lag.
+    loads the weights. Split hardware: the trainer has 64 GPUs of its own beside --engines.
+    Equal hardware: --engines GPUs in all (see --trainer-gpus). Reports steady-state steps per
+    hour (after the warm-up, before the drain) in all and per GPU, engine and trainer idle, and
+    the token lag.
     """
     arms = sorted(set(staleness)) if staleness else [0, 1, 2]
+    split_gpus = max(1, engines // 4) if trainer_gpus is None else trainer_gpus
     try:
         config = RLSimConfig(
             engines=engines,
+            trainer_gpus=split_gpus if split_gpus and engines > 1 else None,
             workload=_DEFAULT_WORKLOAD.model_copy(
                 update={
                     "prompts": prompts,
@@ -471,11 +499,25 @@ def rl_bench(
             warmup_steps=warmup_steps,
         )
     except ValidationError as error:
-        raise _rollouts_do_not_fit(error, "'--budget' / '--kv-tokens' / '--steps'") from None
+        raise _rollouts_do_not_fit(
+            error, "'--budget' / '--kv-tokens' / '--steps' / '--trainer-gpus'"
+        ) from None
+    drained = [eta for eta in arms if steps - warmup_steps - eta < 1]
+    if drained:
+        raise typer.BadParameter(
+            f"must exceed --warmup-steps ({warmup_steps}) + max_staleness ({max(drained)}): "
+            "the last max_staleness steps drain and are not measured",
+            param_hint="'--steps'",
+        )
     console = command_console()
-    with _progress("{task.description:>8}") as progress:
-        tasks = {eta: progress.add_task(f"eta {eta}", total=steps) for eta in arms}
-        report = run_rl_benchmark(config, arms, on_step=lambda eta, _: progress.advance(tasks[eta]))
+    with _progress("{task.description:>14}") as progress:
+        tasks = {
+            arm: progress.add_task(f"{arm[0]} eta {arm[1]}", total=steps)
+            for arm in benchmark_arms(config, arms)
+        }
+        report = run_rl_benchmark(
+            config, arms, on_step=lambda hardware, eta, _: progress.advance(tasks[hardware, eta])
+        )
     _print_rl_report(report, console)
     if json_out is not None:
         atomic_write_text(json_out, report.model_dump_json(indent=1))
@@ -485,13 +527,17 @@ def rl_bench(
 def _print_rl_report(report: RLSimReport, console: Console) -> None:
     config = report.config
     table = Table(
-        title=f"{config.engines} simulated engines, {config.workload.rollouts:,} rollouts per "
-        f"step, steps {config.warmup_steps + 1}-{config.steps} (simulated time)"
+        title=f"{config.workload.rollouts:,} rollouts per step, steady state: steps "
+        f"{config.warmup_steps + 1} to {config.steps} - max_staleness (simulated time)"
     )
     for column in (
+        "hardware",
         "max_staleness",
+        "GPUs: engines + trainer",
         "steps/hour",
+        "per GPU x 1000",
         "vs sync",
+        "with drain",
         "engine idle",
         "trainer idle",
         "sync share",
@@ -506,10 +552,16 @@ def _print_rl_report(report: RLSimReport, console: Console) -> None:
         speedup = report.speedup(run)
         histogram = run.lag_histogram()
         tokens = sum(histogram.values()) or 1
+        colocated = run.gpus == run.engines and run.max_staleness == 0
         table.add_row(
+            run.hardware,
             "0 (sync)" if run.max_staleness == 0 else str(run.max_staleness),
+            f"{run.gpus}: {run.engines} + "
+            + ("the same" if colocated else str(config.layout(run.hardware, run.max_staleness)[1])),
             f"{run.steps_per_hour:.2f}",
+            f"{run.steps_per_hour_per_gpu * 1000:.1f}",
             "-" if speedup is None else f"{speedup:.2f}x",
+            f"{run.steps_per_hour_with_drain:.2f}",
             f"{run.engine_idle:.1%}",
             f"{run.trainer_idle:.1%}",
             f"{run.sync_fraction:.1%}",
@@ -520,9 +572,11 @@ def _print_rl_report(report: RLSimReport, console: Console) -> None:
             str(run.mid_request_swaps),
         )
     console.print(FittedTable(table))
-    met = report.target_met()
-    if met is not None:
-        console.print(
-            f"target: max_staleness 1 at >= {TARGET_SPEEDUP:.1f}x the synchronous steps per "
-            f"hour: {'met' if met else 'NOT met'}"
-        )
+    for hardware in ("split", "equal"):
+        met = report.target_met(hardware)
+        if met is not None:
+            console.print(
+                f"target ({hardware} hardware): max_staleness 1 at >= "
+                f"{TARGET_SPEEDUP[hardware]:.1f}x the synchronous steady-state steps per hour: "
+                f"{'met' if met else 'NOT met'}"
+            )

@@ -240,8 +240,12 @@ def test_rl_bench_reports_each_staleness_on_stdout_and_writes_the_report(tmp_pat
     )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert [run["max_staleness"] for run in report["runs"]] == [0, 1]
+    arms = [(run["hardware"], run["max_staleness"]) for run in report["runs"]]
+    # Two engines: split hardware, and equal hardware with one of the two GPUs training.
+    assert arms == [("split", 0), ("split", 1), ("equal", 0), ("equal", 1)]
+    assert [run["gpus"] for run in report["runs"]] == [66, 66, 2, 2]
     assert "0 (sync)" in result.stdout
+    assert "target (equal hardware)" in result.stdout
     assert f"report: {out}" in result.stdout
     # Progress goes to stderr (and, transient, leaves nothing there once done): never stdout.
     assert "3/3" not in result.stdout
@@ -250,4 +254,12 @@ def test_rl_bench_reports_each_staleness_on_stdout_and_writes_the_report(tmp_pat
 def test_rl_bench_names_the_options_of_a_refused_run() -> None:
     result = CliRunner().invoke(app, ["rl-bench", "--steps", "2", "--warmup-steps", "2"])
     assert result.exit_code == 2
-    assert "'--steps': warmup_steps (2) must be below steps (2)" in result.output
+    assert "'--steps'" in result.output
+    assert "warmup_steps (2) must be below steps (2)" in result.output
+    result = CliRunner().invoke(app, ["rl-bench", "--steps", "3", "--staleness", "2"])
+    assert result.exit_code == 2
+    assert "must exceed --warmup-steps (1) + max_staleness (2)" in result.output
+    result = CliRunner().invoke(app, ["rl-bench", "--engines", "4", "--trainer-gpus", "4"])
+    assert result.exit_code == 2
+    assert "'--trainer-gpus'" in result.output
+    assert "trainer_gpus (4) must leave engines" in result.output
