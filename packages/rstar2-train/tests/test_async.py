@@ -12,12 +12,10 @@ from typing import Any
 
 import pytest
 from safetensors.torch import load_file
+from scored import scored_rollout
 from tiny_runs import DemoData, rl_config
 from wandb_records import offline_run, read_records
 
-from rstar2_data import MathProblem
-from rstar2_eval import Grade
-from rstar2_scheduler import Trajectory, TrajectoryQuality
 from rstar2_train import StageConfig, read_metrics, run_stage
 from rstar2_train.progress import headline
 from rstar2_train.rl.asynchronous import LEDGER, AsyncRLTrainer, StalenessError, lag_metrics
@@ -168,32 +166,7 @@ def test_eta_one_metrics_reach_tensorboard_and_wandb(eta_one_run: Path) -> None:
 
 
 def rollout(versions: list[str | None], mask: list[int]) -> ScoredRollout:
-    problem = MathProblem(id="p", source="t", problem="1+1", answer="2", answer_kind="integer")
-    trajectory = Trajectory(
-        rollout_id="r",
-        problem_id="p",
-        engine="e",
-        prompt_ids=[1],
-        response_ids=[2] * len(mask),
-        loss_mask=mask,
-        logprobs=[0.0] * len(mask),
-        versions=versions,
-        turns=[],
-        stop_reason="no_tool_call",
-        quality=TrajectoryQuality(
-            tool_calls=0,
-            parse_errors=0,
-            runtime_errors=0,
-            timeouts=0,
-            other_errors=0,
-            answer_tags=1,
-            turns=1,
-            truncated=False,
-        ),
-        response_text="",
-    )
-    grade = Grade(correct=True, status="correct", answer="2")
-    return ScoredRollout(0, problem, trajectory, grade, 1.0)
+    return scored_rollout(mask, versions=versions)
 
 
 def test_lag_metrics_count_trained_tokens_and_refuse_a_broken_bound() -> None:

@@ -10,19 +10,12 @@ import copy
 import pytest
 import torch
 from models import tiny_model
+from scored import scored_rollout
 
-from rstar2_data import MathProblem
-from rstar2_eval import Grade
-from rstar2_scheduler import (
-    Trajectory,
-    TrajectoryQuality,
-    TransformersEngine,
-    TransformersEngineConfig,
-)
+from rstar2_scheduler import TransformersEngine, TransformersEngineConfig
 from rstar2_scheduler.engine import GenerationRequest, GenerationResult, SamplingParams
 from rstar2_train import TokenSequence, batching
 from rstar2_train.batching import micro_batches, token_logprobs
-from rstar2_train.rl.rollouts import ScoredRollout
 from rstar2_train.rl.selection import Selection
 from rstar2_train.rl.update import training_sequences
 
@@ -139,37 +132,10 @@ def test_a_sequence_needs_one_support_per_token() -> None:
 
 
 def test_kept_rollouts_carry_their_supports_into_training() -> None:
-    quality = TrajectoryQuality(
-        tool_calls=0,
-        parse_errors=0,
-        runtime_errors=0,
-        timeouts=0,
-        other_errors=0,
-        answer_tags=1,
-        turns=1,
-        truncated=False,
+    with_support = scored_rollout(
+        [1, 0, 1], prompt_ids=(1, 4), response_ids=[2, 3, 5], support=[[2, 7], [], [5]]
     )
-    problem = MathProblem(id="p", source="t", problem="1+1", answer="2", answer_kind="integer")
-
-    def scored(support: list[list[int]] | None) -> ScoredRollout:
-        trajectory = Trajectory(
-            rollout_id="r",
-            problem_id="p",
-            engine="e",
-            prompt_ids=[1, 4],
-            response_ids=[2, 3, 5],
-            loss_mask=[1, 0, 1],
-            logprobs=[-0.1, 0.0, -0.2],
-            versions=[None] * 3,
-            support=support,
-            turns=[],
-            stop_reason="no_tool_call",
-            quality=quality,
-            response_text="",
-        )
-        grade = Grade(correct=True, status="correct", answer="2")
-        return ScoredRollout(0, problem, trajectory, grade, 1.0)
-
+    without = scored_rollout([1, 0, 1], prompt_ids=(1, 4), response_ids=[2, 3, 5])
     # Only ``kept`` is read here.
     selection = Selection(
         kept=[0, 1],
@@ -178,6 +144,6 @@ def test_kept_rollouts_carry_their_supports_into_training() -> None:
         dropped={},
         roc=None,  # type: ignore[arg-type]
     )
-    with_support, without = training_sequences([scored([[2, 7], [], [5]]), scored(None)], selection)
-    assert with_support.support == [[], [], [2, 7], [], [5]]  # the prompt: whole vocabulary
-    assert without.support is None
+    first, second = training_sequences([with_support, without], selection)
+    assert first.support == [[], [], [2, 7], [], [5]]  # the prompt: whole vocabulary
+    assert second.support is None

@@ -60,18 +60,24 @@ def _check_chunk_size(chunk_size: int) -> int:
     return chunk_size
 
 
+def _check_ids(
+    ids: torch.Tensor, name: str, shape: tuple[int, ...], shape_of: str, other: torch.Tensor
+) -> None:
+    """``ids`` (called ``name``) are integers of ``shape`` (described as ``shape_of``) on the
+    device of ``other`` (described as the last word of ``shape_of``)."""
+    if tuple(ids.shape) != shape:
+        raise ValueError(f"{name} shape {tuple(ids.shape)} must equal {shape_of}, {shape}")
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor, got {ids.dtype}")
+    if ids.device != other.device:
+        raise ValueError(f"{name} is on {ids.device} but {shape_of.split()[-1]} on {other.device}")
+
+
 def _check_token_ids(token_ids: torch.Tensor, scored: torch.Tensor, name: str) -> None:
     """``token_ids`` name one target per row of ``scored`` (its shape without the last dim):
     integers on ``scored``'s device."""
-    if tuple(token_ids.shape) != tuple(scored.shape[:-1]):
-        raise ValueError(
-            f"token_ids shape {tuple(token_ids.shape)} must equal the {name} shape without its "
-            f"last dim, {tuple(scored.shape[:-1])}"
-        )
-    if token_ids.is_floating_point() or token_ids.dtype == torch.bool:
-        raise ValueError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
-    if token_ids.device != scored.device:
-        raise ValueError(f"token_ids are on {token_ids.device} but {name} on {scored.device}")
+    shape_of = f"the shape without the last dim of {name}"
+    _check_ids(token_ids, "token_ids", tuple(scored.shape[:-1]), shape_of, scored)
 
 
 def support_tensor(sets: Sequence[Sequence[int]], width: int | None = None) -> torch.Tensor:
@@ -92,16 +98,9 @@ def check_support(support: torch.Tensor, token_ids: torch.Tensor, vocab: int) ->
 
     A row whose entries are all padding is unrestricted (the whole vocabulary). A restricted row
     must hold its own token, whose log-prob would otherwise be minus infinity."""
-    if tuple(support.shape[:-1]) != tuple(token_ids.shape) or support.dim() == 0:
-        dims = ", ".join(map(str, token_ids.shape))
-        raise ValueError(
-            f"support must have shape [*token_ids.shape, K] = [{dims}, K], "
-            f"got {tuple(support.shape)}"
-        )
-    if support.is_floating_point() or support.dtype == torch.bool:
-        raise ValueError(f"support must be an integer tensor, got {support.dtype}")
-    if support.device != token_ids.device:
-        raise ValueError(f"support is on {support.device} but token_ids on {token_ids.device}")
+    width = support.shape[-1] if support.dim() else 0
+    shape = (*token_ids.shape, width)
+    _check_ids(support, "support", shape, "[*shape, K] of token_ids", token_ids)
     support = support.to(torch.long)
     if support.numel() == 0:
         return support
