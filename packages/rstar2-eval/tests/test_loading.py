@@ -121,6 +121,8 @@ def _fake_datasets(
     module = types.ModuleType("datasets")
     module.load_dataset = load_dataset  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "datasets", module)
+    # A hub that answers, as the fake stands for one (checked before datasets is imported).
+    monkeypatch.setattr("rstar2_data.hub.hub_problem", lambda: None)
     return calls
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rstar2_data.hub import hub_problem, unreachable_message
+from rstar2_data.hub import hub_problem, in_hub_cache, unreachable_message
 from rstar2_train.config.schema import StageConfig
 
 TOKENIZER_SETTING = "tokenizer.path (or model.path)"
@@ -26,17 +26,6 @@ def unreachable_source(
     return CheckpointNotFoundError(unreachable_message(f"{what} {path!r}", problem, hint))
 
 
-def _cached(repo_id: str, filename: str) -> bool:
-    """Whether the hub cache holds ``filename`` of ``repo_id`` (usable with the hub offline)."""
-    from huggingface_hub import try_to_load_from_cache
-    from huggingface_hub.errors import HFValidationError
-
-    try:
-        return isinstance(try_to_load_from_cache(repo_id, filename), str)
-    except HFValidationError:
-        return False
-
-
 def check_source(
     path: str, what: str, *, marker: str = "config.json", setting: str | None = None
 ) -> None:
@@ -49,7 +38,7 @@ def check_source(
         raise CheckpointNotFoundError(f"{what} {path!r}: no such checkpoint folder")
     if not local.exists():
         problem = hub_problem()
-        if problem is not None and not _cached(path, marker):
+        if problem is not None and not in_hub_cache(path, marker):
             raise unreachable_source(path, what, problem, setting)
 
 
