@@ -16,9 +16,9 @@ from rstar2_eval.cli import app
 from rstar2_eval.run_dir import recover_generations
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-# Shaped as a hub id, so it is not looked up on disk (a missing local --model is reported before
-# any other option) and, the other inputs being bad, never fetched.
-HUB_MODEL = "org/model"
+# Inputs that pass the checks made before the options are validated: a checkpoint as far as the
+# disk can tell (it is never loaded, the other inputs being bad) and a local problem file.
+MODEL, PROBLEMS = "{tmp}/checkpoint", "demo={tmp}/problems.jsonl"
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -30,24 +30,24 @@ def invoke(*args: str) -> tuple[int, str]:
     ("args", "message"),
     [
         (
-            ["--benchmarks", "aime2024", "--model", HUB_MODEL],
+            ["--benchmarks", "aime2024", "--model", MODEL],
             "--benchmarks: unknown benchmark 'aime2024'; known: aime24",
         ),
-        (["--benchmarks", "aime24"], "options: give exactly one of --model and --endpoint"),
+        (["--benchmarks", PROBLEMS], "options: give exactly one of --model and --endpoint"),
         (
-            ["--benchmarks", "aime24", "--model", HUB_MODEL, "--engine", "tpu"],
+            ["--benchmarks", PROBLEMS, "--model", MODEL, "--engine", "tpu"],
             "--engine: Input should be 'auto', 'vllm' or 'transformers'",
         ),
         (
-            ["--benchmarks", "demo=/no/such/file.jsonl", "--model", HUB_MODEL],
+            ["--benchmarks", "demo=/no/such/file.jsonl", "--model", MODEL],
             "--benchmarks: demo=/no/such/file.jsonl: no such file or directory",
         ),
-        (["--resume"], "--resume: "),
-        (["--model", HUB_MODEL, "--benchmarks", "aime24", "--temperature", "-1"], "--temperature"),
-        (["--model", HUB_MODEL, "--benchmarks", "aime24", "--top-p", "2"], "--top-p"),
-        (["--model", HUB_MODEL, "--benchmarks", "aime24", "--samples", "0"], "--samples"),
+        (["--resume"], "--out: {tmp}/out holds no run.json to resume"),
+        (["--model", MODEL, "--benchmarks", PROBLEMS, "--temperature", "-1"], "--temperature"),
+        (["--model", MODEL, "--benchmarks", PROBLEMS, "--top-p", "2"], "--top-p"),
+        (["--model", MODEL, "--benchmarks", PROBLEMS, "--samples", "0"], "--samples"),
         (
-            ["--model", HUB_MODEL, "--benchmarks", "aime24", "--tool-name", "python"],
+            ["--model", MODEL, "--benchmarks", PROBLEMS, "--tool-name", "python"],
             "--tool-name: expected execute_python_code_with_standard_io or "
             "python_code_with_standard_io",
         ),
@@ -56,6 +56,11 @@ def invoke(*args: str) -> tuple[int, str]:
 def test_bad_options_fail_with_one_clear_line(
     args: list[str], message: str, tmp_path: Path
 ) -> None:
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "config.json").write_text("{}")
+    (tmp_path / "problems.jsonl").write_text(demo_problems(1, seed=0)[0].model_dump_json() + "\n")
+    args = [arg.format(tmp=tmp_path) for arg in args]
+    message = message.format(tmp=tmp_path)
     code, output = invoke(*args, "--out", str(tmp_path / "out"), "--no-progress")
     assert code == 2
     assert message in output
@@ -158,3 +163,67 @@ def test_several_endpoints_share_the_rollouts(tmp_path: Path) -> None:
     record = json.loads((tmp_path / "out" / "run.json").read_text())
     assert record["spec"]["model"]["name"] == "stub"
     assert record["execution"]["reservation"] == "max"  # the stub publishes no KV statistics
+
+
+@pytest.fixture
+def unstartable_sandbox(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """An embedded sandbox that cannot start; the list records each attempt."""
+    from rstar2_sandbox.local import LocalSandbox
+
+    attempts: list[str] = []
+
+    async def start(self: LocalSandbox) -> None:
+        attempts.append("start")
+        raise RuntimeError("fork-server 0 exited with 1 during start")
+
+    monkeypatch.setattr(LocalSandbox, "start", start)
+    return attempts
+
+
+@pytest.mark.parametrize("sandbox", ["local", "http://127.0.0.1:9"])
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("org/no-such-model", "--model: could not reach org/no-such-model on the Hugging Face hub"),
+        ("{tmp}/no-such-dir", "--model: {tmp}/no-such-dir: no such checkpoint directory"),
+    ],
+)
+def test_the_model_is_checked_before_the_sandbox(
+    model: str,
+    message: str,
+    sandbox: str,
+    unstartable_sandbox: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from huggingface_hub import constants
+
+    from rstar2_data.hub import hub_problem
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no hub: the hub id cannot be had
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hub_problem.cache_clear()
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(demo_problems(1, seed=0)[0].model_dump_json() + "\n")
+    try:
+        code, output = invoke(
+            *("--model", model.format(tmp=tmp_path), "--sandbox", sandbox),
+            *("--benchmarks", f"demo={problems}", "--out", str(tmp_path / "o"), "--no-progress"),
+        )
+        from rstar2_eval import RunOptions, run_evaluation
+
+        options = RunOptions(
+            model=model.format(tmp=tmp_path),
+            sandbox=sandbox,
+            benchmarks=[f"demo={problems}"],
+            out=tmp_path / "api",
+        )
+        with pytest.raises(InputError) as raised:
+            run_evaluation(options)
+    finally:
+        hub_problem.cache_clear()
+    assert code == 2
+    assert message.format(tmp=tmp_path) in output
+    assert "sandbox" not in output
+    assert raised.value.origin == "model"
+    assert unstartable_sandbox == []  # neither the command nor the API started it

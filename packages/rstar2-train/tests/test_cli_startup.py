@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from rstar2_data.demo import demo_problems
+
 HEAVY = ["torch", "transformers", "ray", "datasets", "vllm", "math_verify"]
 
 COMMANDS = {
@@ -100,7 +102,7 @@ BAD_INPUTS = {
                 "--model",
                 "model",
                 "--benchmarks",
-                "aime24",
+                "demo=problems.jsonl",  # local: a registry benchmark would be checked on the hub
                 "--sandbox",
                 "http://127.0.0.1:9",
             ],
@@ -119,6 +121,7 @@ def test_bad_input_is_answered_before_the_heavy_imports(package: str, tmp_path: 
     model.mkdir()
     (model / "config.json").write_text("{}")
     (model / "model.safetensors").write_bytes(b"")
+    (tmp_path / "problems.jsonl").write_text(demo_problems(1, seed=0)[0].model_dump_json() + "\n")
     runs = [
         [*arguments, "--out", str(tmp_path / "out")] if package == "rstar2_eval" else arguments
         for arguments, _, _ in BAD_INPUTS[package]

@@ -1,6 +1,7 @@
 """What ``rstar2-eval run`` evaluates with: checkpoints, endpoints, tokenizers, sandboxes.
 
-Every failure to reach or load one of them is an ``InputError`` naming the option at fault.
+Every failure to reach or load one of them is an ``InputError`` naming the argument at fault
+(a ``RunOptions`` field: ``model``, ``endpoints``, ``sandbox``, ...).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import aiohttp
 from transformers import PreTrainedTokenizerBase
 
 from rstar2_data.hub import hub_problem, unreachable_message
-from rstar2_eval.checkpoints import local_checkpoint
+from rstar2_eval.checkpoints import LOCAL_COPY, local_checkpoint
 from rstar2_eval.errors import InputError
 from rstar2_eval.preflight import PROBE_TIMEOUT, probe_sandbox
 from rstar2_eval.settings import EvalSettings
@@ -36,7 +37,7 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
 def resolve_checkpoint(value: str) -> Path:
-    """A local checkpoint directory for ``--model``: the directory itself, or a hub id fetched
+    """A local checkpoint directory for ``model``: the directory itself, or a hub id fetched
     into the Hugging Face cache (needs network access, or the model in that cache)."""
     local = local_checkpoint(value)
     if local is not None:
@@ -48,10 +49,9 @@ def resolve_checkpoint(value: str) -> Path:
         return Path(snapshot_download(value))
     except Exception as error:  # offline, unknown repo, gated: all mean the same to the user
         if problem is not None:
-            hint = "download it where the hub is reachable and pass its folder to --model"
-            raise InputError("--model", unreachable_message(value, problem, hint)) from None
+            raise InputError("model", unreachable_message(value, problem, LOCAL_COPY)) from None
         raise InputError(
-            "--model",
+            "model",
             f"{value} is not a local directory and could not be fetched from the hub: "
             f"{type(error).__name__}: {error}",
         ) from None
@@ -63,9 +63,7 @@ def weights_digest(checkpoint: Path) -> tuple[str, int]:
         p for p in checkpoint.rglob("*") if p.is_file() and p.name.endswith(_WEIGHT_SUFFIXES)
     )
     if not files:
-        raise InputError(
-            "--model", f"{checkpoint}: no weight files ({', '.join(_WEIGHT_SUFFIXES)})"
-        )
+        raise InputError("model", f"{checkpoint}: no weight files ({', '.join(_WEIGHT_SUFFIXES)})")
     digest = hashlib.sha256()
     size = 0
     for path in files:
@@ -76,8 +74,9 @@ def weights_digest(checkpoint: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def load_tokenizer(source: str, option: str) -> PreTrainedTokenizerBase:
-    """``AutoTokenizer.from_pretrained(source)``, the way vLLM and other servers load it."""
+def load_tokenizer(source: str, argument: str) -> PreTrainedTokenizerBase:
+    """``AutoTokenizer.from_pretrained(source)``, the way vLLM and other servers load it; an
+    ``InputError`` naming ``argument`` (where ``source`` came from) when it cannot."""
     from transformers import AutoTokenizer
 
     problem = None if Path(source).expanduser().exists() else hub_problem()
@@ -85,10 +84,10 @@ def load_tokenizer(source: str, option: str) -> PreTrainedTokenizerBase:
         tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(source)
     except Exception as error:
         if problem is not None:
-            hint = f"download it where the hub is reachable and pass its folder to {option}"
-            raise InputError(option, unreachable_message(source, problem, hint)) from None
+            message = unreachable_message(source, problem, LOCAL_COPY)
+            raise InputError(argument, message) from None
         reason = " ".join(str(error).split())
-        raise InputError(option, f"cannot load a tokenizer from {source}: {reason}") from None
+        raise InputError(argument, f"cannot load a tokenizer from {source}: {reason}") from None
     return tokenizer
 
 
@@ -98,7 +97,7 @@ def chat_config(
     """The checkpoint's own template when it ships one (``auto``), or the one asked for."""
     ships = bool(getattr(tokenizer, "chat_template", None))
     if choice == "checkpoint" and not ships:
-        raise InputError("--chat-template", "the checkpoint's tokenizer ships no chat template")
+        raise InputError("chat_template", "the checkpoint's tokenizer ships no chat template")
     use_own = choice == "checkpoint" or (choice == "auto" and ships)
     overrides: dict[str, Any] = {"use_checkpoint_template": use_own}
     if reason_prefill is not None:
@@ -135,7 +134,7 @@ def choose_engine(kind: EngineKind) -> Literal["vllm", "transformers"]:
     if kind == "auto":
         return "vllm" if vllm_available() else "transformers"
     if kind == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise InputError("--engine", 'vllm is not installed: pip install "rstar2-scheduler[vllm]"')
+        raise InputError("engine", 'vllm is not installed: pip install "rstar2-scheduler[vllm]"')
     return kind
 
 
@@ -175,25 +174,25 @@ def transformers_engine(
     budget = kv_budget if kv_budget is not None else batch_size * longest_request
     if budget < longest_request:
         raise InputError(
-            "--kv-budget",
-            f"{budget} tokens cannot hold one request: the longest prompt plus --max-tokens is "
-            f"{longest_request} tokens",
+            "kv_budget",
+            f"{budget} tokens cannot hold one request: the longest prompt plus its response "
+            f"budget (`settings.max_tokens`) is {longest_request} tokens",
         )
     config = TransformersEngineConfig(kv_budget_tokens=budget, max_batch_size=batch_size, seed=seed)
     torch_dtype: Any = dtype if dtype != "auto" else ("auto" if device != "cpu" else torch.float32)
     if isinstance(torch_dtype, str) and torch_dtype != "auto":
         torch_dtype = getattr(torch, torch_dtype, None)
         if not isinstance(torch_dtype, torch.dtype):
-            raise InputError("--dtype", f"{dtype!r} is not a torch dtype (e.g. bfloat16)")
+            raise InputError("dtype", f"{dtype!r} is not a torch dtype (e.g. bfloat16)")
     engine = TransformersEngine.from_pretrained(
         checkpoint, config, device=device, dtype=torch_dtype
     )
     positions = getattr(engine.model.config, "max_position_embeddings", None)
     if positions is not None and longest_request > positions:
         raise InputError(
-            "--max-tokens",
-            f"the longest prompt plus --max-tokens is {longest_request} tokens, beyond the "
-            f"model's context of {positions} tokens; lower --max-tokens",
+            "settings.max_tokens",
+            f"the longest prompt plus its response budget is {longest_request} tokens, beyond "
+            f"the model's context of {positions} tokens; lower the response budget",
         )
     return engine
 
@@ -202,7 +201,7 @@ def api_root(url: str) -> str:
     """An OpenAI-compatible API root: ``http://host:8000`` and ``.../v1`` both give ``.../v1``."""
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InputError("--endpoint", f"{url!r} is not an http(s) URL")
+        raise InputError("endpoints", f"{url!r} is not an http(s) URL")
     path = parts.path.rstrip("/") or "/v1"
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
@@ -220,7 +219,7 @@ async def served_models(root: str) -> list[str] | None:
             body = await response.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError) as error:
         raise InputError(
-            "--endpoint", f"{root} is not reachable: {type(error).__name__}: {error}"
+            "endpoints", f"{root} is not reachable: {type(error).__name__}: {error}"
         ) from None
     except ValueError:
         return None
@@ -236,12 +235,10 @@ async def resolve_served_model(roots: list[str], served_model: str | None) -> st
         if model is None:
             if names is None or len(names) != 1:
                 listed = "lists no models" if not names else f"serves {names}"
-                raise InputError("--served-model", f"{root} {listed}; name the model to evaluate")
+                raise InputError("served_model", f"{root} {listed}; name the model to evaluate")
             model = names[0]
         elif names and model not in names:
-            raise InputError(
-                "--served-model", f"{root} does not serve {model!r}; it serves {names}"
-            )
+            raise InputError("served_model", f"{root} does not serve {model!r}; it serves {names}")
     assert model is not None
     return model
 
@@ -257,7 +254,7 @@ async def endpoint_scheduler(
     try:
         await asyncio.gather(*(engine.start() for engine in engines))
     except EndpointError as error:
-        raise InputError("--endpoint", str(error)) from None
+        raise InputError("endpoints", str(error)) from None
     cap = concurrency * len(engines)
     room = concurrency * longest_request
     if all(engine.kv_stats().capacity_tokens for engine in engines):
@@ -282,5 +279,5 @@ async def open_sandbox(spec: str) -> Sandbox:
     try:
         await sandbox.start()
     except Exception as error:
-        raise InputError("--sandbox", f"cannot start a local sandbox: {error}") from None
+        raise InputError("sandbox", f"cannot start a local sandbox: {error}") from None
     return sandbox

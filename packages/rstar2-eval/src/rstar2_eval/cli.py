@@ -15,7 +15,7 @@ from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.paths import checked_output_dir, checked_output_file
 from rstar2_data.protocol import ANSWER_OPEN
 from rstar2_data.terminal import FittedTable
-from rstar2_eval.cli_errors import OneLineErrors
+from rstar2_eval.cli_errors import OneLineErrors, flag_wording, option_flags
 from rstar2_eval.cli_run import RUN_FILE, run
 from rstar2_eval.errors import InputError
 from rstar2_eval.generations import read_generations
@@ -179,7 +179,8 @@ def score(
                     grader.worker_replacements,
                 )
     except (InputError, GradingError) as error:
-        errors.print(f"[red]error:[/red] {error}", highlight=False, markup=True, soft_wrap=True)
+        message = flag_wording(error, SCORE_FLAGS) if isinstance(error, InputError) else error
+        errors.print(f"[red]error:[/red] {message}", highlight=False, markup=True, soft_wrap=True)
         raise typer.Exit(code=2) from None
 
     directory = out or out_dir or generations.parent
@@ -198,6 +199,10 @@ def score(
     console.print(score_table(result.report))
     for path in written:
         console.print(f"wrote {path}", highlight=False)
+
+
+SCORE_FLAGS = option_flags(score)
+"""Argument -> ``rstar2-eval score`` flag, for the errors the command prints."""
 
 
 def _progress(errors: Console) -> Progress:

@@ -19,7 +19,8 @@ from rich.console import Console
 from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.paths import checked_output_dir
 from rstar2_data.protocol import ANSWER_OPEN, REASON_OPEN
-from rstar2_eval.checkpoints import local_checkpoint
+from rstar2_eval.checkpoints import check_model
+from rstar2_eval.cli_errors import flag_wording, option_flags
 from rstar2_eval.errors import InputError
 from rstar2_eval.pool import GradingError
 from rstar2_eval.preflight import check_inputs
@@ -90,7 +91,8 @@ def _given(values: dict[str, Any]) -> dict[str, Any]:
     return given
 
 
-def _fail(errors: Console, message: str, code: int = 2) -> typer.Exit:
+def _fail(errors: Console, error: Exception | str, code: int = 2) -> typer.Exit:
+    message = flag_wording(error, RUN_FLAGS) if isinstance(error, InputError) else str(error)
     errors.print(f"[red]error:[/red] {message}", highlight=False, markup=True, soft_wrap=True)
     return typer.Exit(code=code)
 
@@ -330,12 +332,10 @@ def run(
     configure_logging(logging.DEBUG if verbose else logging.INFO, errors)
     try:
         given = _given(values)
-        # Local inputs, then the sandbox, before the slow imports below and the model.
-        if model is not None:
-            local_checkpoint(model)
+        # The model, the problem sets, then the sandbox, before the slow imports below.
         _preflight({**(_recorded_options(out) if resume else {}), **given})
     except InputError as error:
-        raise _fail(errors, str(error)) from None
+        raise _fail(errors, error) from None
     try:
         from rstar2_eval.run_command import RunOptions, run_evaluation
         from rstar2_scheduler import TemplateError
@@ -350,7 +350,7 @@ def run(
             raise _option_error(invalid) from None
         report = run_evaluation(options, console=errors)
     except (InputError, GradingError, TemplateError) as error:
-        raise _fail(errors, str(error)) from None
+        raise _fail(errors, error) from None
     except KeyboardInterrupt:
         raise _fail(
             errors, f"interrupted; finish with: rstar2-eval run --out {out} --resume", 130
@@ -397,11 +397,14 @@ def _recorded_options(out: Path) -> dict[str, Any]:
 
 
 def _preflight(options: dict[str, Any]) -> None:
-    """The problem sets load and ``--sandbox`` answers (``check_inputs``)."""
+    """The model can be had, the problem sets load and the sandbox answers (``check_inputs``)."""
     if not options.get("benchmarks"):
+        if options.get("model") is not None:
+            check_model(options["model"])
         return  # RunOptions names the missing option
     data_dir = options.get("data_dir")
     check_inputs(
+        options.get("model"),
         options["benchmarks"],
         Path(data_dir) if data_dir is not None else None,
         options.get("sandbox") or "local",
@@ -409,15 +412,22 @@ def _preflight(options: dict[str, Any]) -> None:
 
 
 def _option_error(invalid: ValidationError) -> InputError:
-    """The first validation error, naming the command-line option."""
+    """The first validation error, naming the ``RunOptions`` field (``_fail`` words it as the
+    flag)."""
     first = invalid.errors()[0]
     message = str(first["msg"]).removeprefix("Value error, ")
     location = [str(part) for part in first["loc"] if not str(part).isdigit()]
-    if not location:
-        return InputError("options", message)
-    field = location[-1]
-    inverse = {v: k for k, v in {**_SETTINGS, **_GRADING}.items()}
-    option = {"endpoints": "endpoint", "vllm_args": "vllm_arg"}.get(
-        field, inverse.get(field, field)
-    )
-    return InputError("--" + option.replace("_", "-"), message)
+    return InputError(".".join(location) or "options", message)
+
+
+RUN_FLAGS = option_flags(
+    run,
+    {
+        "endpoint": "endpoints",
+        "vllm_arg": "vllm_args",
+        "tool_output_chars": "settings.tool_output_chars",
+        **{option: f"settings.{field}" for option, field in _SETTINGS.items()},
+        **{option: f"grading.{field}" for option, field in _GRADING.items()},
+    },
+)
+"""``RunOptions`` field -> ``rstar2-eval run`` flag, for the errors the command prints."""

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rstar2_data.answers import canonical_integer
-from rstar2_data.hub import HubUnreachableError, iter_hub_dataset
+from rstar2_data.hub import HubUnreachableError, check_hub_dataset, iter_hub_dataset
 from rstar2_data.jsonl import DataFileError, iter_jsonl_lines
 from rstar2_data.schemas import AnswerKind, MathProblem
 from rstar2_eval.errors import InputError
@@ -142,6 +142,25 @@ def load_local(spec: BenchmarkSpec, data_dir: Path) -> list[MathProblem]:
     return _collect(spec, read_jsonl_objects(path), str(path))
 
 
+def _local_copy_hint(spec: BenchmarkSpec) -> str:
+    return (
+        f"pass a folder holding a local copy ({spec.path or spec.name + '.jsonl'}) with "
+        "`data_dir` (`rstar2-eval benchmarks` lists the file names), or load it once where the "
+        "hub is reachable and set HF_HUB_OFFLINE=1 to use that cached copy without trying the hub"
+    )
+
+
+def check_hub(spec: BenchmarkSpec) -> None:
+    """An ``InputError`` at once, before ``datasets`` is imported, when the hub cannot be reached
+    and the benchmark's dataset is not in the local cache (``load_hub`` would fail)."""
+    if spec.hub is None:
+        return  # load_hub names the missing dataset
+    try:
+        check_hub_dataset(spec.hub.path, hint=_local_copy_hint(spec))
+    except HubUnreachableError as error:
+        raise InputError(spec.name, str(error)) from None
+
+
 def load_hub(spec: BenchmarkSpec) -> list[MathProblem]:
     """Download from the Hugging Face hub with ``datasets`` (needs network access, or the dataset
     in the local cache); an unreachable hub is an ``InputError`` saying how to pass a local copy.
@@ -149,10 +168,7 @@ def load_hub(spec: BenchmarkSpec) -> list[MathProblem]:
     hub = spec.hub
     if hub is None:
         raise InputError(spec.name, "the benchmark names no hub dataset; give its local copy")
-    hint = (
-        f"pass a folder holding a local copy ({spec.path or spec.name + '.jsonl'}) with "
-        "--data-dir; `rstar2-eval benchmarks` lists the file names"
-    )
+    hint = _local_copy_hint(spec)
 
     def rows() -> Iterable[tuple[int | None, Mapping[str, Any]]]:
         for config in hub.configs:

@@ -35,7 +35,7 @@ def absolute_path(path: str) -> str:
 
 
 class ProblemSource(BaseModel):
-    """Where a problem set comes from: one entry of ``--benchmarks``."""
+    """Where a problem set comes from: one entry of ``benchmarks``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -54,7 +54,7 @@ class ProblemSource(BaseModel):
 
     @property
     def spec(self) -> str:
-        """This source as a ``--benchmarks`` entry."""
+        """This source as a ``benchmarks`` entry."""
         return self.name if self.path is None else f"{self.name}={self.path}"
 
 
@@ -110,26 +110,26 @@ class ProblemSet(BaseModel):
 
 
 def parse_sources(spec: str | Sequence[str]) -> list[ProblemSource]:
-    """The entries of a ``--benchmarks`` value (a comma-separated string or a list of entries)."""
+    """The entries of a ``benchmarks`` value (a comma-separated string or a list of entries)."""
     entries = spec.split(",") if isinstance(spec, str) else list(spec)
     sources: list[ProblemSource] = []
     for raw in entries:
         entry = raw.strip()
         if not entry:
-            raise InputError("--benchmarks", f"empty entry in {spec!r}")
+            raise InputError("benchmarks", f"empty entry in {spec!r}")
         name, sep, path = entry.partition("=")
         name = name.strip()
         if not _NAME.match(name):
             raise InputError(
-                "--benchmarks",
+                "benchmarks",
                 f"{name!r} is not a valid name (lower-case letters, digits, '.', '_', '-')",
             )
         if any(source.name == name for source in sources):
-            raise InputError("--benchmarks", f"{name!r} is given twice")
+            raise InputError("benchmarks", f"{name!r} is given twice")
         if not sep:
             if name not in BENCHMARKS:
                 raise InputError(
-                    "--benchmarks",
+                    "benchmarks",
                     f"unknown benchmark {name!r}; known: {', '.join(sorted(BENCHMARKS))}, or "
                     "NAME=PATH for a problem file or rstar2-data build directory",
                 )
@@ -137,7 +137,7 @@ def parse_sources(spec: str | Sequence[str]) -> list[ProblemSource]:
             continue
         if name in BENCHMARKS:
             raise InputError(
-                "--benchmarks",
+                "benchmarks",
                 f"{name!r} is a registry benchmark; give the problems at {path} another name",
             )
         location = Path(path.strip()).expanduser()
@@ -147,13 +147,13 @@ def parse_sources(spec: str | Sequence[str]) -> list[ProblemSource]:
             kind = "jsonl"
         else:
             raise InputError(
-                "--benchmarks",
+                "benchmarks",
                 f"{name}={path}: no such file or directory; expected an rstar2-data build "
                 "directory or a JSON Lines file of MathProblem rows",
             )
         sources.append(ProblemSource(name=name, kind=kind, path=str(location)))
     if not sources:
-        raise InputError("--benchmarks", "expected at least one benchmark")
+        raise InputError("benchmarks", "expected at least one benchmark")
     return sources
 
 
@@ -172,7 +172,7 @@ def load_source(source: ProblemSource, data_dir: Path | None = None) -> ProblemS
 
 
 def load_problem_sets(spec: str | Sequence[str], data_dir: Path | None = None) -> list[ProblemSet]:
-    """Every set of a ``--benchmarks`` value, in order."""
+    """Every set of a ``benchmarks`` value, in order."""
     return [load_source(source, data_dir) for source in parse_sources(spec)]
 
 
@@ -198,7 +198,7 @@ def recorded_problem_sets(run_file: Path, data_dir: Path | None = None) -> list[
             raise InputError(
                 str(run_file),
                 f"the run's problem set {source.name!r} was passed in memory; name its file with "
-                f"--benchmarks {source.name}=PATH",
+                f"`benchmarks` as {source.name}=PATH",
             )
         problem_set = load_source(source, data_dir).head(limit)
         if problem_set.sha256() != sha256:

@@ -32,7 +32,6 @@ from rstar2_eval.backends import (
     vllm_engine,
     weights_digest,
 )
-from rstar2_eval.checkpoints import local_checkpoint
 from rstar2_eval.errors import InputError
 from rstar2_eval.evaluation import EvalReport, evaluate
 from rstar2_eval.grading import Grader, GraderConfig
@@ -62,7 +61,9 @@ class RunOptions(BaseModel):
     endpoints: list[str] = Field(default_factory=list, description="OpenAI-compatible API roots.")
     served_model: str | None = None
     tokenizer: str | None = Field(default=None, description="Endpoint runs: tokenizer source.")
-    benchmarks: list[str] = Field(min_length=1, description="--benchmarks entries.")
+    benchmarks: list[str] = Field(
+        min_length=1, description="Problem sets: registry names and NAME=PATH entries."
+    )
     data_dir: Path | None = None
     settings: EvalSettings = Field(default_factory=EvalSettings)
     out: Path
@@ -102,14 +103,14 @@ class RunOptions(BaseModel):
     @model_validator(mode="after")
     def _one_source(self) -> Self:
         if (self.model is None) == (not self.endpoints):
-            raise ValueError("give exactly one of --model and --endpoint")
+            raise ValueError("give exactly one of `model` and `endpoints`")
         return self
 
     @classmethod
     def resume(cls, out: Path, **overrides: Any) -> RunOptions:
         """The options recorded in ``out/run.json``, with ``overrides`` (e.g. a new endpoint)."""
         if not (out / RUN_FILE).is_file():
-            raise InputError("--resume", f"{out} holds no {RUN_FILE} to resume")
+            raise InputError("out", f"{out} holds no {RUN_FILE} to resume")
         recorded = RunRecord.load(out).options
         if recorded is None:
             raise InputError(
@@ -130,11 +131,9 @@ def _longest_request(
 
 
 async def _checkpoint(
-    options: RunOptions, problem_sets: list[ProblemSet], stack: AsyncExitStack
+    options: RunOptions, checkpoint: Path, problem_sets: list[ProblemSet], stack: AsyncExitStack
 ) -> tuple[list[Engine], Any, ChatConfig, ModelInfo, SchedulerConfig, dict[str, Any]]:
-    assert options.model is not None
-    checkpoint = resolve_checkpoint(options.model)
-    tokenizer = load_tokenizer(str(checkpoint), "--model")
+    tokenizer = load_tokenizer(str(checkpoint), "model")
     chat = chat_config(tokenizer, options.chat_template, reason_prefill=options.reason_prefill)
     longest = _longest_request(tokenizer, chat, options, problem_sets)
     digest, size = await asyncio.to_thread(weights_digest, checkpoint)
@@ -173,9 +172,9 @@ async def _endpoints(
 ) -> tuple[list[Engine], Any, ChatConfig, ModelInfo, SchedulerConfig, dict[str, Any]]:
     roots = [api_root(url) for url in options.endpoints]
     if len(set(roots)) != len(roots):
-        raise InputError("--endpoint", "the same endpoint is given twice")
+        raise InputError("endpoints", "the same endpoint is given twice")
     served = await resolve_served_model(roots, options.served_model)
-    tokenizer = load_tokenizer(options.tokenizer or served, "--tokenizer")
+    tokenizer = load_tokenizer(options.tokenizer or served, "tokenizer")
     chat = chat_config(tokenizer, options.chat_template, reason_prefill=options.reason_prefill)
     longest = _longest_request(tokenizer, chat, options, problem_sets)
     engines: list[Engine] = []
@@ -208,20 +207,23 @@ async def _endpoints(
 
 
 async def arun_evaluation(options: RunOptions, *, console: Console | None = None) -> EvalReport:
-    """Evaluate as ``rstar2-eval run`` does: load the problem sets, start the sandbox, load the
-    checkpoint or connect to the endpoints, run ``evaluate`` into ``options.out``, and close
-    what was started. Bad input raises ``InputError`` naming the option; local inputs are
-    checked before anything is fetched over the network."""
+    """Evaluate as ``rstar2-eval run`` does: fetch the checkpoint (a hub id), load the problem
+    sets, start the sandbox, load the checkpoint or connect to the endpoints, run ``evaluate``
+    into ``options.out``, and close what was started. Bad input raises ``InputError`` naming the
+    ``RunOptions`` field at fault; local paths are checked before anything is fetched over the
+    network, and the model before the sandbox starts."""
     sources = parse_sources(options.benchmarks)
-    if options.model is not None:
-        local_checkpoint(options.model)
+    checkpoint = resolve_checkpoint(options.model) if options.model is not None else None
     problem_sets = [load_source(source, options.data_dir) for source in sources]
     limited = [s.head(options.settings.limit) for s in problem_sets]
     async with AsyncExitStack() as stack:
         sandbox = await open_sandbox(options.sandbox)
         stack.push_async_callback(sandbox.aclose)
-        build = _checkpoint if options.model is not None else _endpoints
-        engines, tokenizer, chat, model, scheduler, execution = await build(options, limited, stack)
+        if checkpoint is not None:
+            built = await _checkpoint(options, checkpoint, limited, stack)
+        else:
+            built = await _endpoints(options, limited, stack)
+        engines, tokenizer, chat, model, scheduler, execution = built
         grader = Grader(options.grading)
         stack.callback(grader.close)
         settings = options.settings

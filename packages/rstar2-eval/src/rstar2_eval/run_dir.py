@@ -261,8 +261,7 @@ class RunDirectory:
                 raise InputError(
                     str(out_dir / RUN_FILE),
                     f"this directory holds a run with other settings: {shown}{more}. Resume it "
-                    "with its own settings (rstar2-eval run --out DIR --resume) or use another "
-                    "--out",
+                    "with its own settings (`resume`) or use another output directory",
                 )
             record = record.model_copy(
                 update={"options": options if options is not None else record.options}

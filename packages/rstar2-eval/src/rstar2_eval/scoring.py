@@ -236,7 +236,7 @@ def _gold_of(
         raise InputError(
             origin,
             f"unknown benchmark {generation.benchmark!r}; known here: "
-            f"{', '.join(sorted(index))} (name other problem sets with --benchmarks NAME=PATH)",
+            f"{', '.join(sorted(index))} (name other problem sets in `benchmarks` as NAME=PATH)",
             line=numbered.line,
             field="benchmark",
         )

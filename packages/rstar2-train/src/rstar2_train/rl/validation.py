@@ -52,7 +52,7 @@ class Validator:
                 config.benchmarks, Path(config.data_dir) if config.data_dir is not None else None
             )
         except InputError as error:
-            origin = "rl.validation.benchmarks" if error.origin == "--benchmarks" else error.origin
+            origin = "rl.validation.benchmarks" if error.origin == "benchmarks" else error.origin
             raise ValueError(str(InputError(origin, error.message, line=error.line))) from None
         self.settings = EvalSettings(
             samples=config.samples,
