@@ -209,3 +209,36 @@ def test_every_option_is_explained() -> None:
     assert result.exit_code == 0
     for option in ("--set", "--out", "--resume", "--allow-changes", "--no-progress"):
         assert option in result.output
+
+
+def test_library_errors_name_their_argument_and_the_command_line_its_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rstar2_scheduler import RolloutConfig
+    from rstar2_train.config.loader import ConfigError, load_config
+    from rstar2_train.config.schema import ValidationConfig
+    from rstar2_train.demo import DemoOptions, run_async_ablation
+    from rstar2_train.rl.validation import Validator
+
+    with pytest.raises(ConfigError) as bad_set:
+        load_config("tiny-rl", ["rl.steps"])
+    assert str(bad_set.value).startswith("`overrides` 'rl.steps': expected KEY.PATH=VALUE")
+    shown = runner.invoke(app, ["show", "tiny-rl", "--set", "rl.steps"])
+    assert shown.output.startswith("error: --set 'rl.steps': expected KEY.PATH=VALUE")
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # one core
+    with pytest.raises(ValueError, match=r"^`ablation_async` puts the engine and the trainer"):
+        run_async_ablation(DemoOptions(out=tmp_path / "api", ablation_async=True))
+    demo = runner.invoke(app, ["demo", "--ablation-async", "--out", str(tmp_path / "cli")])
+    assert demo.exit_code == 2
+    assert " ".join(demo.output.split()).startswith("error: --ablation-async puts the engine")
+
+    # rstar2-eval's errors name its own arguments; a stage names its config key instead.
+    with pytest.raises(ValueError, match=r"^rl\.validation\.benchmarks: unknown benchmark 'x'"):
+        Validator(
+            ValidationConfig(benchmarks=["x"]),
+            RolloutConfig(),
+            seed=0,
+            total_steps=1,
+            out_dir=tmp_path,
+        )

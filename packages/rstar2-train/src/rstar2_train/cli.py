@@ -18,7 +18,7 @@ from rich.table import Table
 from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.paths import checked_output_dir
 from rstar2_data.terminal import FittedTable
-from rstar2_eval.cli_errors import OneLineErrors, print_error
+from rstar2_eval.cli_errors import OneLineErrors, flag_wording, option_flags, print_error
 
 app = typer.Typer(
     help="Train math reasoning models with a Python tool: SFT and GRPO-RoC stages.",
@@ -133,7 +133,7 @@ def stage(
     try:
         resolved = load_config(config, settings)
     except ConfigError as error:
-        raise _fail(str(error)) from None
+        raise _fail(flag_wording(str(error), option_flags(stage))) from None
     if not resume:  # a resumed stage loads its checkpoint instead
         from rstar2_train.sources import CheckpointNotFoundError, check_stage_sources
 
@@ -182,7 +182,7 @@ def show(config: ConfigArgument, overrides: SetOption = None) -> None:
     try:
         resolved = load_config(config, list(overrides or []))
     except ConfigError as error:
-        raise _fail(str(error)) from None
+        raise _fail(flag_wording(str(error), option_flags(show))) from None
     typer.echo(dump_config(resolved), nl=False)
 
 
@@ -289,4 +289,4 @@ def demo(
     except SandboxUnavailableError as error:
         raise _fail(str(error), code=1) from None
     except (RunError, ValueError, OSError, ImportError, InputError) as error:
-        raise _fail(str(error)) from None
+        raise _fail(flag_wording(str(error), option_flags(demo))) from None

@@ -93,12 +93,12 @@ def parse_override(assignment: str) -> dict[str, Any]:
     key, sep, raw = assignment.partition("=")
     parts = key.strip().split(".")
     if not sep or not all(parts):
-        raise ConfigError(f"--set {assignment!r}: expected KEY.PATH=VALUE, e.g. rl.steps=10")
+        raise ConfigError(f"`overrides` {assignment!r}: expected KEY.PATH=VALUE, e.g. rl.steps=10")
     try:
         value: Any = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as error:
         raise ConfigError(
-            f"--set {assignment!r}: the value is not valid YAML: {describe_yaml_error(error)}"
+            f"`overrides` {assignment!r}: the value is not valid YAML: {describe_yaml_error(error)}"
         ) from None
     for part in reversed(parts):
         value = {part: value}
@@ -165,7 +165,8 @@ def _check_kind_sections(name: str, data: Mapping[str, Any]) -> None:
 
 
 def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> StageConfig:
-    """A validated stage config from a shipped name or a YAML file, with ``--set`` overrides."""
+    """A validated stage config from a shipped name or a YAML file, with ``overrides``
+    (``KEY.PATH=VALUE``, as ``--set`` takes them)."""
     data = _read(name_or_path, None, [])
     for assignment in overrides:
         data = merge(data, parse_override(assignment))

@@ -54,7 +54,7 @@ def cores() -> tuple[list[int], list[int]]:
     available = sorted(os.sched_getaffinity(0))
     if len(available) < 2:
         raise ValueError(
-            "--ablation-async puts the engine and the trainer on disjoint cores: it needs at "
+            "`ablation_async` puts the engine and the trainer on disjoint cores: it needs at "
             f"least 2 CPU cores, this process may use {len(available)}"
         )
     return available[:-1], available[-1:]
