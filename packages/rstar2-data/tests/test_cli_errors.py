@@ -33,6 +33,9 @@ def assert_one_line_error(arguments: list[str], message: str) -> None:
     assert "Traceback" not in result.output
     (line,) = error_lines(result.output)
     assert message in line
+    # One line, option validation included (not click's Usage/Try/Error block).
+    assert [text for text in result.output.splitlines() if text.strip()] == [line]
+    assert line.startswith("error: ")
 
 
 @pytest.fixture
@@ -59,6 +62,7 @@ def inputs(tmp_path: Path) -> Path:
             "could not reach dataset open-r1/no-such-dataset-for-rstar2-tests",
         ),
         (["stats", "{tmp}/nothing"], "no manifest.json"),
+        (["build", "demo"], "Missing option '--out' / '-o'. (see root build --help)"),
         (["stats", "{tmp}/bad-build"], "manifest.json: not a valid manifest"),
     ],
 )

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rstar2_data.build import BuildError, build, load_built, read_manifest
+from rstar2_data.cli_errors import OneLineErrors
 from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.filter_stage import CHECKPOINT_ROWS
 from rstar2_data.hub import HubUnreachableError
@@ -25,6 +26,7 @@ from rstar2_data.schemas import MathProblem
 from rstar2_data.terminal import FittedTable
 
 app = typer.Typer(
+    cls=OneLineErrors,
     help="Dataset recipes, converters and filters for rstar2.",
     no_args_is_help=True,
     # Plain help: it wraps between words at any width, where rich's option panels cut words.

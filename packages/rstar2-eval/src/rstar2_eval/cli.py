@@ -11,11 +11,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rstar2_data.cli_errors import OneLineErrors
 from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.paths import checked_output_dir, checked_output_file
 from rstar2_data.protocol import ANSWER_OPEN
 from rstar2_data.terminal import FittedTable
-from rstar2_eval.cli_errors import OneLineErrors, flag_wording, option_flags
+from rstar2_eval.cli_errors import flag_wording, option_flags
 from rstar2_eval.cli_run import RUN_FILE, run
 from rstar2_eval.errors import InputError
 from rstar2_eval.generations import read_generations

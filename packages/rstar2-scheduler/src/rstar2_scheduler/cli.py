@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rstar2_data.cli_errors import OneLineErrors
 from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.errors import describe_validation_error
 from rstar2_data.jsonl import atomic_write_text
@@ -39,6 +40,7 @@ from rstar2_scheduler.sim.rl_loop import (
 from rstar2_scheduler.sim.workload import WorkloadConfig
 
 app = typer.Typer(
+    cls=OneLineErrors,
     help="rstar2 rollout scheduling: load balancing over inference engines.",
     # Plain help: it wraps between words at any width, where rich's option panels cut words.
     rich_markup_mode=None,

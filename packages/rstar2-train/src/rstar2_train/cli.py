@@ -15,10 +15,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rstar2_data.cli_errors import OneLineErrors, print_error
 from rstar2_data.cli_output import command_console, configure_logging
 from rstar2_data.paths import checked_output_dir
 from rstar2_data.terminal import FittedTable
-from rstar2_eval.cli_errors import OneLineErrors, flag_wording, option_flags, print_error
+from rstar2_eval.cli_errors import flag_wording, option_flags
 
 app = typer.Typer(
     help="Train math reasoning models with a Python tool: SFT and GRPO-RoC stages.",
