@@ -90,25 +90,27 @@ def processes_of_uids(uids: range) -> list[tuple[int, int, str]]:
     return found
 
 
-def children_of(pid: int) -> list[int]:
-    """Direct children of ``pid``."""
+def children_of(pid: int, but: list[int] | None = None) -> list[int]:
+    """Direct children of ``pid``, except those in ``but``."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            return [int(p) for p in handle.read().split()]
+            return [int(p) for p in handle.read().split() if int(p) not in (but or [])]
     except OSError:
         return []
 
 
 def leftovers(sandbox: LocalSandbox) -> list[str]:
-    """Processes a finished run left behind: any process of a slot uid, or a zombie left
-    unreaped by a fork-server. Empty when all is clean."""
+    """Processes a finished run left behind: any process of a slot uid, or a child of a
+    fork-server other than its template (a zombie left unreaped, an orphan left alive). Empty
+    when all is clean."""
     pool = sandbox.pool
     found = []
     if pool.isolation.unprivileged_uid.active:
         uids = range(pool.settings.uid_base, pool.settings.uid_base + pool.slots)
         found += [f"pid {p} uid {u} state {s}" for p, u, s in processes_of_uids(uids)]
+    templates = pool.template_pids
     for server in pool.server_pids:
-        found += [f"child {c} of fork-server {server}" for c in children_of(server)]
+        found += [f"child {c} of fork-server {server}" for c in children_of(server, templates)]
     return found
 
 

@@ -263,6 +263,29 @@ async def test_a_dead_fork_server_fails_its_calls_and_is_replaced(sandbox: Local
     assert set(pool.server_pids).isdisjoint(victims)
 
 
+async def test_a_dead_template_fails_its_calls_and_its_fork_server_is_replaced() -> None:
+    """Without its template a fork-server can neither start nor reap a run: it stops, and the
+    pool replaces it as it replaces a dead one."""
+    async with LocalSandbox(ExecutorSettings(servers=1, slots=2, preload=[])) as local:
+        pool = local.pool
+        servers, templates = pool.server_pids, pool.template_pids
+        assert len(templates) == 1
+        sleeper = RunRequest(code="import time; time.sleep(30)")
+        slow = [asyncio.create_task(local.run(sleeper)) for _ in range(2)]
+        await asyncio.sleep(0.5)
+        os.kill(templates[0], 9)
+        results = await asyncio.wait_for(asyncio.gather(*slow), 20)
+        assert {r.status for r in results} == {RunStatus.INTERNAL_ERROR}
+        for _ in range(300):
+            if pool.restarts >= 1 and pool.live_servers == pool.servers:
+                break
+            await asyncio.sleep(0.1)
+        after = await local.run(RunRequest(code="print('back')"))
+        assert after.stdout == "back\n", after
+        assert set(pool.server_pids).isdisjoint(servers)
+        assert set(pool.template_pids).isdisjoint(templates)
+
+
 @pytest.mark.parametrize(
     ("code", "preloaded"),
     [
@@ -321,4 +344,6 @@ async def test_without_isolation_runs_work_and_leftovers_still_die() -> None:
         result = await plain.run(RunRequest(code=daemon))
         assert result.status is RunStatus.SUCCESS
         assert result.stdout == "True\n"
-        assert [children_of(pid) for pid in plain.pool.server_pids] == [[]]
+        templates = plain.pool.template_pids
+        assert len(templates) == 1
+        assert [children_of(pid, templates) for pid in plain.pool.server_pids] == [[]]

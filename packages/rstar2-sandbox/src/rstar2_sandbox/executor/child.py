@@ -11,9 +11,11 @@ import atexit
 import builtins
 import io
 import linecache
+import marshal
 import os
 import resource
 import signal
+import struct
 import sys
 import threading
 import traceback
@@ -33,6 +35,7 @@ FILENAME = "main.py"
 STATUS_FD = 3
 # Exit code when confinement failed before user code ran (the status pipe says why).
 SETUP_FAILED = 125
+PLAN_LENGTH = struct.Struct("=Q")
 
 # Every numeric library reads one of these; one thread per run keeps runs from oversubscribing.
 THREAD_VARS = (
@@ -64,30 +67,91 @@ of the rest, padded with newlines so that its line numbers are those of the whol
 
 
 @dataclass(frozen=True)
-class ChildPlan:
-    """Everything the child needs, prepared by the fork-server before forking."""
+class ServerLimits:
+    """What every run of a fork-server shares, fixed before its template forks (``template``):
+    nothing of any request."""
 
-    code: str
-    split: Split | None  # the code split at a cached prefix, when it starts with one
-    display_last_expr: bool
-    stdin_fd: int
-    stdout_fd: int
-    stderr_fd: int
-    status_fd: int
-    workdir: str
-    server_pid: int  # the fork-server, as the child sees it (1 in its own PID namespace)
-    uid: int | None  # None: keep the server's uid (not root)
-    # The slot's mount namespace (its own /tmp and /dev/shm, see ``slot_tmp``); None: the run
-    # shares the fork-server's view and keeps its files in ``workdir`` only.
-    mount_ns_fd: int | None
     mapped_bytes: int  # what the fork-server maps: the child starts with all of it
-    address_space_bytes: int
-    cpu_seconds: int
     max_processes: int
     max_open_files: int
     max_file_bytes: int
     # No capabilities, no_new_privs and the seccomp filter (``seccomp``); None: not available.
     fence: KernelFence | None
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One run's own part. It reaches only the run's process: the fork-server writes it at the
+    head of the run's stdin pipe (``encode``), and the child reads it from there after the fork
+    (``read_plan``), so the template the child forks from never holds it."""
+
+    code: str
+    split: Split | None  # the code split at a cached prefix, when it starts with one
+    display_last_expr: bool
+    workdir: str
+    uid: int | None  # None: keep the server's uid (not root)
+    address_space_bytes: int
+    cpu_seconds: int
+
+    def encode(self) -> bytes:
+        """The plan as the child reads it: its length, then its fields (``marshal``, which
+        carries the compiled prefix as it is)."""
+        data = marshal.dumps(
+            (
+                self.code,
+                self.split,
+                self.display_last_expr,
+                self.workdir,
+                self.uid,
+                self.address_space_bytes,
+                self.cpu_seconds,
+            )
+        )
+        return PLAN_LENGTH.pack(len(data)) + data
+
+
+@dataclass(frozen=True)
+class RunDescriptors:
+    """The descriptors of one run's process, as its template received them."""
+
+    stdin: int  # the plan, then the run's stdin
+    stdout: int
+    stderr: int
+    status: int  # setup errors, for the fork-server
+    # The slot's mount namespace (its own /tmp and /dev/shm, see ``slot_tmp``); None: the run
+    # shares the fork-server's view and keeps its files in ``workdir`` only.
+    mount_ns: int | None
+
+    @classmethod
+    def of(cls, fds: list[int]) -> RunDescriptors:
+        """From the list ``as_list`` made."""
+        stdin, stdout, stderr, status, *namespace = fds
+        return cls(stdin, stdout, stderr, status, namespace[0] if namespace else None)
+
+    def as_list(self) -> list[int]:
+        """In the order ``of`` reads them."""
+        fds = [self.stdin, self.stdout, self.stderr, self.status]
+        return fds if self.mount_ns is None else [*fds, self.mount_ns]
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    parts: list[bytes] = []
+    while size:
+        chunk = os.read(fd, size)
+        if not chunk:
+            raise EOFError("the run's plan ended early")
+        parts.append(chunk)
+        size -= len(chunk)
+    return b"".join(parts)
+
+
+def read_plan(fd: int) -> RunPlan:
+    """The plan at the head of the run's stdin pipe; what follows it is the run's stdin."""
+    (length,) = PLAN_LENGTH.unpack(_read_exactly(fd, PLAN_LENGTH.size))
+    code, split, display_last_expr, workdir, uid, address_space, cpu = marshal.loads(
+        _read_exactly(fd, length)
+    )
+    return RunPlan(code, split, display_last_expr, workdir, uid, address_space, cpu)
 
 
 class _TrackingWriter(io.TextIOWrapper):
@@ -100,10 +164,10 @@ class _TrackingWriter(io.TextIOWrapper):
         return super().write(s)
 
 
-def child_main(plan: ChildPlan) -> NoReturn:
-    """Entry point of the forked child; never returns."""
+def child_main(limits: ServerLimits, parent_pid: int, fds: RunDescriptors) -> NoReturn:
+    """Entry point of the forked child (``parent_pid``: its template); never returns."""
     try:
-        _confine(plan)
+        plan = _confine(limits, parent_pid, fds)
     except BaseException as exc:
         try:
             os.write(STATUS_FD, f"{type(exc).__name__}: {exc}".encode()[:4096])
@@ -121,20 +185,22 @@ def _set_limit(which: int, value: int) -> None:
     resource.setrlimit(which, (value, value))
 
 
-def _confine(plan: ChildPlan) -> None:
-    if plan.mount_ns_fd is not None:
-        # First, before any descriptor is moved: the handle is one of the fork-server's.
-        setns(plan.mount_ns_fd, CLONE_NEWNS)
+def _confine(limits: ServerLimits, parent_pid: int, fds: RunDescriptors) -> RunPlan:
+    # Setup errors go to the status pipe from the start: fd 3 is the template's until then.
+    os.dup2(fds.status, STATUS_FD)
+    if fds.mount_ns is not None:
+        # Before any descriptor is moved: the handle is one the template received.
+        setns(fds.mount_ns, CLONE_NEWNS)
+    plan = read_plan(fds.stdin)
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     # Own session and process group: a timeout kills the whole group at once.
     os.setsid()
-    for target, fd in ((0, plan.stdin_fd), (1, plan.stdout_fd), (2, plan.stderr_fd)):
+    for target, fd in ((0, fds.stdin), (1, fds.stdout), (2, fds.stderr)):
         os.dup2(fd, target)
-    os.dup2(plan.status_fd, STATUS_FD)
-    # Nothing of the fork-server (control pipe, other runs' pipes) stays reachable.
+    # Nothing of the template (its channel, its loop) stays reachable.
     os.closerange(STATUS_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
 
     os.mkdir(plan.workdir, 0o700)
@@ -146,30 +212,31 @@ def _confine(plan: ChildPlan) -> None:
     _write_main(plan.code, plan.uid)
 
     # The address-space budget comes on top of what the fork-server already maps (preloads).
-    _set_limit(resource.RLIMIT_AS, plan.mapped_bytes + plan.address_space_bytes)
+    _set_limit(resource.RLIMIT_AS, limits.mapped_bytes + plan.address_space_bytes)
     resource.setrlimit(resource.RLIMIT_CPU, (plan.cpu_seconds, plan.cpu_seconds + 1))
-    _set_limit(resource.RLIMIT_FSIZE, plan.max_file_bytes)
-    _set_limit(resource.RLIMIT_NOFILE, plan.max_open_files)
+    _set_limit(resource.RLIMIT_FSIZE, limits.max_file_bytes)
+    _set_limit(resource.RLIMIT_NOFILE, limits.max_open_files)
     _set_limit(resource.RLIMIT_CORE, 0)
     if plan.uid is not None:
         # Counted per uid, so it only bounds this run when the run has its own uid.
-        _set_limit(resource.RLIMIT_NPROC, plan.max_processes)
+        _set_limit(resource.RLIMIT_NPROC, limits.max_processes)
         os.setgroups([])
         os.setresgid(plan.uid, plan.uid, plan.uid)
         os.setresuid(plan.uid, plan.uid, plan.uid)
         # The run's own processes see each other in /proc (hidepid shows a run nothing else).
         set_dumpable()
-    # After the uid change, which clears it: die with the fork-server.
+    # After the uid change, which clears it: die with the template (which dies with the
+    # fork-server).
     set_parent_death_signal(signal.SIGKILL)
-    if os.getppid() != plan.server_pid:
+    if os.getppid() != parent_pid:
         raise RuntimeError("fork-server exited during setup")
-    if plan.fence is not None:
+    if limits.fence is not None:
         # Last of the calls the filter refuses (setns above), before anything of the run's.
-        plan.fence.apply()
+        limits.fence.apply()
 
     # The fork-server's environment is already minimal (nothing of the service's).
     os.environ["HOME"] = plan.workdir
-    os.environ["TMPDIR"] = "/tmp" if plan.mount_ns_fd is not None else plan.workdir
+    os.environ["TMPDIR"] = "/tmp" if fds.mount_ns is not None else plan.workdir
     sys.stdin = io.TextIOWrapper(
         io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8"
     )
@@ -205,6 +272,7 @@ def _confine(plan: ChildPlan) -> None:
     multiprocessing_util = sys.modules.get("multiprocessing.util")
     if multiprocessing_util is not None:
         atexit.register(multiprocessing_util._exit_function)
+    return plan
 
 
 def _write_main(code: str, uid: int | None) -> None:
@@ -266,7 +334,7 @@ def compiled_parts(code: str, split: Split | None) -> list[types.CodeType]:
     return [compile(code, FILENAME, "exec")]
 
 
-def _execute(plan: ChildPlan) -> int:
+def _execute(plan: RunPlan) -> int:
     code = plan.code
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins

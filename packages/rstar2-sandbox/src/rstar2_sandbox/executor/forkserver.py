@@ -1,10 +1,11 @@
 """The fork-server: a long-lived, pre-warmed process that forks one confined child per run.
 
 Started by ``ExecutorPool`` as ``python -m rstar2_sandbox.executor.forkserver``. It talks over its
-stdin/stdout (frames, see ``wire``), imports the preload modules once, and for
-each call forks a child (``child.child_main``), feeds its stdin, drains stdout/stderr as they come
-with byte caps, enforces the wall-clock limit, and after the child exits kills everything the run
-left behind before it reports the slot free. Standard library only: what this process maps, every
+stdin/stdout (frames, see ``wire``), imports the preload modules once, forks its template (a copy
+that never holds a request, see ``template``), and for each call has the template fork a child
+(``child.child_main``), feeds the child its plan and stdin, drains stdout/stderr as they come with
+byte caps, enforces the wall-clock limit, and after the child exits kills everything the run left
+behind before it reports the slot free. Standard library only: what this process maps, every
 fork pays for.
 """
 
@@ -24,11 +25,18 @@ import stat
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from rstar2_sandbox.executor.binds import enable_private_tmp, expose_python, under
-from rstar2_sandbox.executor.child import FILENAME, ChildPlan, child_main, minimal_environment
+from rstar2_sandbox.executor.child import (
+    FILENAME,
+    RunDescriptors,
+    RunPlan,
+    ServerLimits,
+    minimal_environment,
+)
 from rstar2_sandbox.executor.loop import Loop, Timer
 from rstar2_sandbox.executor.prefix_cache import PrefixCache
 from rstar2_sandbox.executor.rootfs import enter_root, plan_root
@@ -44,6 +52,7 @@ from rstar2_sandbox.executor.syscalls import (
     python_roots,
     set_parent_death_signal,
 )
+from rstar2_sandbox.executor.template import EXITED, FORKED, Template
 from rstar2_sandbox.executor.warmup import warm_up
 from rstar2_sandbox.executor.wire import REQUEST, message_header
 
@@ -204,13 +213,29 @@ class Run:
         self.slot = slot
         self.uid = server.slot_uids[slot] if server.drop_uid else None
         self.timed_out = False
-        self.exited: tuple[int, resource.struct_rusage] | None = None
+        # 0 until the template says which process the run is.
+        self.pid = 0
+        self.fork_error: str | None = None
+        self.exited: tuple[int, float] | None = None
         self.finished = False
         self.eof_timer: Timer | None = None
         self.workdir = os.path.join(server.workroot, f"run-{server.slot_uids[slot]}")
         limit = int(request["output_limit_bytes"])
         timeout_s = float(request["timeout_s"])
-        self.stdin_data = memoryview(str(request["stdin"]).encode())
+        code = str(request["code"])
+        display_last_expr = bool(request["display_last_expr"])
+        plan = RunPlan(
+            code=code,
+            split=None if display_last_expr else server.prefixes.split(code),
+            display_last_expr=display_last_expr,
+            workdir=self.workdir,
+            uid=self.uid,
+            address_space_bytes=int(request["memory_mb"]) << 20,
+            cpu_seconds=math.ceil(timeout_s) + 1,
+        )
+        self.cpu_limit_s = plan.cpu_seconds
+        # The child reads its plan first, then the rest is its stdin.
+        self.stdin_data = memoryview(plan.encode() + str(request["stdin"]).encode())
 
         # First: should the slot's namespace need making and fail, nothing is left open.
         mount_ns_fd = server.slot_tmps[slot].ensure() if server.slot_tmps else None
@@ -218,38 +243,19 @@ class Run:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         status_r, status_w = os.pipe()
-        code = str(request["code"])
-        display_last_expr = bool(request["display_last_expr"])
-        plan = ChildPlan(
-            code=code,
-            split=None if display_last_expr else server.prefixes.split(code),
-            display_last_expr=display_last_expr,
-            stdin_fd=in_r,
-            stdout_fd=out_w,
-            stderr_fd=err_w,
-            status_fd=status_w,
-            workdir=self.workdir,
-            server_pid=os.getpid(),
-            uid=self.uid,
-            mount_ns_fd=mount_ns_fd,
-            mapped_bytes=server.mapped_bytes,
-            address_space_bytes=int(request["memory_mb"]) << 20,
-            cpu_seconds=math.ceil(timeout_s) + 1,
-            max_processes=server.settings["max_processes"],
-            max_open_files=server.settings["max_open_files"],
-            max_file_bytes=server.settings["max_file_bytes"],
-            fence=server.fence,
-        )
-        self.cpu_limit_s = plan.cpu_seconds
         self.oom_kills = server.oom.read()
         self.started = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            child_main(plan)
-        self.pid = pid
-        server.runs[pid] = self
-        for fd in (in_r, out_w, err_w, status_w):
-            os.close(fd)
+        try:
+            server.template.fork(RunDescriptors(in_r, out_w, err_w, status_w, mount_ns_fd))
+        except OSError:
+            for fd in (self.stdin_w, out_r, err_r, status_r):
+                os.close(fd)
+            raise
+        finally:
+            # The child's ends: the template holds its own copies until it has forked.
+            for fd in (in_r, out_w, err_w, status_w):
+                os.close(fd)
+        server.forking.append(self)
         self.status_r = status_r
         self.stdout = Capture("stdout", out_r, limit, self.check)
         self.stderr = Capture("stderr", err_r, limit, self.check)
@@ -260,6 +266,21 @@ class Run:
         os.set_blocking(self.stdin_w, False)
         self.feed_stdin()
         self.timer = loop.call_later(timeout_s, self.on_timeout)
+
+    def on_fork(self, pid: int) -> None:
+        """The template forked the run's process."""
+        self.pid = pid
+        self.server.runs[pid] = self
+        if self.timed_out or self.stdout.truncated or self.stderr.truncated:
+            self.kill()
+
+    def on_fork_failed(self, error: int) -> None:
+        """The template could not fork: the call fails as the sandbox's, nothing ran."""
+        self.fork_error = f"fork failed: {os.strerror(error)}"
+        self.exited = (0, 0.0)
+        self.wall_time_s = time.monotonic() - self.started
+        self.timer.cancel()
+        self.finish()
 
     def feed_stdin(self) -> None:
         """Write as much stdin as the pipe takes; close it when done (the child sees EOF)."""
@@ -283,7 +304,7 @@ class Run:
 
     def kill(self) -> None:
         """Kill the run's process group (its session leader's group)."""
-        if self.exited is None:
+        if self.exited is None and self.pid:
             kill_quietly(self.pid, group=True)
             kill_quietly(self.pid)
 
@@ -297,9 +318,10 @@ class Run:
         if drained or (self.eof_timer is not None and self.eof_timer.cancelled):
             self.finish()
 
-    def on_exit(self, wait_status: int, rusage: resource.struct_rusage) -> None:
-        """The run's process exited: kill what it left behind, then finish when pipes close."""
-        self.exited = (wait_status, rusage)
+    def on_exit(self, wait_status: int, cpu_time_s: float) -> None:
+        """The run's process exited (its wait status and CPU time, its reaped descendants'
+        included): kill what it left behind, then finish when pipes close."""
+        self.exited = (wait_status, cpu_time_s)
         self.wall_time_s = time.monotonic() - self.started
         self.timer.cancel()
         kill_quietly(self.pid, group=True)
@@ -317,7 +339,7 @@ class Run:
     def finish(self) -> None:
         self.finished = True
         assert self.exited is not None
-        wait_status, rusage = self.exited
+        wait_status, cpu_time_s = self.exited
         loop = self.server.loop
         if self.eof_timer is not None:
             self.eof_timer.cancel()
@@ -332,7 +354,7 @@ class Run:
         except BlockingIOError:
             setup_error = b""
         os.close(self.status_r)
-        seen = self.observe(wait_status, rusage)
+        seen = self.observe(wait_status, cpu_time_s)
         if self.server.slot_tmps:
             try:
                 self.server.slot_tmps[self.slot].reset(os.path.basename(self.workdir), (FILENAME,))
@@ -343,6 +365,8 @@ class Run:
             shutil.rmtree(self.workdir, ignore_errors=True)
         stderr = self.stderr.data
         notes: list[str] = []
+        if self.fork_error is not None:
+            setup_error = self.fork_error.encode()
         if setup_error:
             status, exit_code, sig = "internal_error", None, None
             stderr = bytearray(b"sandbox setup failed: " + setup_error)
@@ -364,11 +388,11 @@ class Run:
             "stdout_truncated": self.stdout.truncated,
             "stderr_truncated": self.stderr.truncated,
             "wall_time_s": self.wall_time_s,
-            "cpu_time_s": rusage.ru_utime + rusage.ru_stime,
+            "cpu_time_s": cpu_time_s,
         }
         self.server.send({"id": self.call_id, "result": result}, self.stdout.data, stderr)
 
-    def observe(self, wait_status: int, rusage: resource.struct_rusage) -> Observed:
+    def observe(self, wait_status: int, cpu_time_s: float) -> Observed:
         """What the server saw of the run, before its files are removed. Its files are only
         looked at when it failed (a success is a success whatever it wrote)."""
         failed = not (os.WIFEXITED(wait_status) and os.WEXITSTATUS(wait_status) == 0)
@@ -388,7 +412,7 @@ class Run:
         return Observed(
             timed_out=self.timed_out,
             output_exceeded=self.stdout.truncated or self.stderr.truncated,
-            cpu_time_s=rusage.ru_utime + rusage.ru_stime,
+            cpu_time_s=cpu_time_s,
             cpu_limit_s=self.cpu_limit_s,
             oom_killed=oom_killed,
             file_at_limit=file_at_limit,
@@ -422,13 +446,10 @@ class ForkServer:
         config: dict[str, Any],
         workroot: str,
         drop_uid: bool,
-        mapped_bytes: int,
         run_tmp_mb: tuple[int, int] | None,
         slot_tmps: list[SlotTmp],
-        fence: KernelFence | None,
+        template: Template,
     ) -> None:
-        self.fence = fence
-        self.mapped_bytes = mapped_bytes
         self.ctl_in = ctl_in
         self.ctl_out = ctl_out
         self.settings: dict[str, Any] = config["settings"]
@@ -439,8 +460,11 @@ class ForkServer:
         # None and empty: runs share this server's view.
         self.run_tmp_mb = run_tmp_mb
         self.slot_tmps = slot_tmps
+        self.template = template
         self.prefixes = PrefixCache()
         self.oom = OomCounter()
+        # Runs the template was asked to fork, in order, and runs by the pid it forked.
+        self.forking: deque[Run] = deque()
         self.runs: dict[int, Run] = {}
         self.inbox = bytearray()
         self.outbox = bytearray()
@@ -448,6 +472,7 @@ class ForkServer:
         os.set_blocking(ctl_in, False)
         os.set_blocking(ctl_out, False)
         self.loop.add_reader(ctl_in, self.on_control)
+        self.loop.add_reader(template.channel.fileno(), self.on_template)
 
     # -- control channel ------------------------------------------------------------------------
 
@@ -507,18 +532,40 @@ class ForkServer:
 
     # -- children -------------------------------------------------------------------------------
 
+    def on_template(self) -> None:
+        """What the template says: a run forked (or not), a run exited."""
+        try:
+            for kind, pid, value, cpu_time_s in self.template.replies():
+                if kind == EXITED:
+                    run = self.runs.pop(pid, None)
+                    if run is not None:
+                        run.on_exit(value, cpu_time_s)
+                elif kind == FORKED:
+                    self.forking.popleft().on_fork(pid)
+                else:
+                    self.forking.popleft().on_fork_failed(value)
+        except EOFError:
+            self.template_lost()
+
+    def template_lost(self) -> None:
+        """No run can start or be reaped without the template: stop, so the pool starts a new
+        fork-server (the runs in flight die with the template, their parent)."""
+        log.error("the template (pid %d) exited", self.template.pid)
+        self.loop.remove_reader(self.template.channel.fileno())
+        self.shutdown()
+
     def reap(self) -> None:
-        """Collect every exited child: runs get their status, adopted orphans are discarded."""
+        """Collect every exited child: adopted orphans (and kill helpers) are discarded; the
+        template's end stops the server."""
         while True:
             try:
-                pid, wait_status, rusage = os.wait4(-1, os.WNOHANG)
+                pid, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            run = self.runs.pop(pid, None)
-            if run is not None:
-                run.on_exit(wait_status, rusage)
+            if pid == self.template.pid and self.loop.running:
+                self.template_lost()
 
     def orphans_of(self, run: Run) -> list[int]:
         """Live adopted descendants (subreaper) that belong to ``run``'s slot."""
@@ -530,7 +577,7 @@ class ForkServer:
             return []
         found = []
         for child in children:
-            if child in self.runs:
+            if child in self.runs or child == self.template.pid:
                 continue
             owner = _owner(child, by_uid=self.drop_uid)
             if owner is None:
@@ -818,11 +865,21 @@ def _start(ctl_in: int, ctl_out: int, config: dict[str, Any]) -> tuple[ForkServe
 
     with open("/proc/self/statm") as statm:
         mapped_bytes = int(statm.read().split()[0]) * resource.getpagesize()
+    limits = ServerLimits(
+        mapped_bytes=mapped_bytes,
+        max_processes=settings["max_processes"],
+        max_open_files=settings["max_open_files"],
+        max_file_bytes=settings["max_file_bytes"],
+        fence=fence,
+    )
+    # Last, before the first request can arrive: runs fork from a copy that never holds one.
+    template = Template.start(limits)
     server = ForkServer(
-        ctl_in, ctl_out, config, workroot, drop_uid, mapped_bytes, run_tmp_mb, slot_tmps, fence
+        ctl_in, ctl_out, config, workroot, drop_uid, run_tmp_mb, slot_tmps, template
     )
     hello = {
         "pid": host_pid,
+        "template_pid": template.pid,
         "preloaded": preloaded,
         "failed_preloads": failed,
         "isolation": {name: _feature(value) for name, value in features.items()},

@@ -36,6 +36,8 @@ class ForkServerInfo(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     pid: int
+    # The process its runs fork from, as the fork-server's own PID namespace numbers it.
+    template_pid: int
     preloaded: list[str]
     failed_preloads: dict[str, str] = Field(default_factory=dict)
     isolation: IsolationReport
@@ -43,6 +45,27 @@ class ForkServerInfo(BaseModel):
 
 class SandboxStartError(RuntimeError):
     """A fork-server could not start; the message names the cause and what to do about it."""
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid``; none when it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(p) for p in handle.read().split()]
+    except OSError:
+        return []
+
+
+def _innermost_pid(pid: int) -> int | None:
+    """``pid`` as the innermost PID namespace it is in numbers it (the last of ``NSpid``)."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except OSError:
+        pass
+    return None
 
 
 def _internal_error(message: str) -> RunResult:
@@ -284,6 +307,21 @@ class ExecutorPool:
             for s in self._servers
             if s.info and s.process and s.process.returncode is None
         ]
+
+    @property
+    def template_pids(self) -> list[int]:
+        """Process ids of the running fork-servers' templates (the processes their runs fork
+        from, each a child of its fork-server), as this process numbers them."""
+        found = []
+        for server in self._servers:
+            info = server.info
+            if info and server.process and server.process.returncode is None:
+                found += [
+                    child
+                    for child in _children(info.pid)
+                    if _innermost_pid(child) == info.template_pid
+                ]
+        return found
 
     @property
     def live_servers(self) -> int:
