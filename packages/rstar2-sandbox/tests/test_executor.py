@@ -264,8 +264,8 @@ async def test_a_dead_fork_server_fails_its_calls_and_is_replaced(sandbox: Local
 
 
 async def test_a_dead_template_fails_its_calls_and_its_fork_server_is_replaced() -> None:
-    """Without its template a fork-server can neither start nor reap a run: it stops, and the
-    pool replaces it as it replaces a dead one."""
+    """Without its template a fork-server cannot start a run (and a new template would not be
+    clean): it stops, and the pool replaces it as it replaces a dead one."""
     async with LocalSandbox(ExecutorSettings(servers=1, slots=2, preload=[])) as local:
         pool = local.pool
         servers, templates = pool.server_pids, pool.template_pids

@@ -165,7 +165,8 @@ class _TrackingWriter(io.TextIOWrapper):
 
 
 def child_main(limits: ServerLimits, parent_pid: int, fds: RunDescriptors) -> NoReturn:
-    """Entry point of the forked child (``parent_pid``: its template); never returns."""
+    """Entry point of the forked child (``parent_pid``: the fork-server, its parent); never
+    returns."""
     try:
         plan = _confine(limits, parent_pid, fds)
     except BaseException as exc:
@@ -225,8 +226,7 @@ def _confine(limits: ServerLimits, parent_pid: int, fds: RunDescriptors) -> RunP
         os.setresuid(plan.uid, plan.uid, plan.uid)
         # The run's own processes see each other in /proc (hidepid shows a run nothing else).
         set_dumpable()
-    # After the uid change, which clears it: die with the template (which dies with the
-    # fork-server).
+    # After the uid change, which clears it: die with the fork-server.
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:
         raise RuntimeError("fork-server exited during setup")

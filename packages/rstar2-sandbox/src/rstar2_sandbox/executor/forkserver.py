@@ -25,7 +25,6 @@ import stat
 import sys
 import tempfile
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +51,7 @@ from rstar2_sandbox.executor.syscalls import (
     python_roots,
     set_parent_death_signal,
 )
-from rstar2_sandbox.executor.template import EXITED, FORKED, Template
+from rstar2_sandbox.executor.template import Template
 from rstar2_sandbox.executor.warmup import warm_up
 from rstar2_sandbox.executor.wire import REQUEST, message_header
 
@@ -213,9 +212,6 @@ class Run:
         self.slot = slot
         self.uid = server.slot_uids[slot] if server.drop_uid else None
         self.timed_out = False
-        # 0 until the template says which process the run is.
-        self.pid = 0
-        self.fork_error: str | None = None
         self.exited: tuple[int, float] | None = None
         self.finished = False
         self.eof_timer: Timer | None = None
@@ -245,42 +241,33 @@ class Run:
         status_r, status_w = os.pipe()
         self.oom_kills = server.oom.read()
         self.started = time.monotonic()
+        loop = server.loop
+        # Before the fork: the child finds its plan in the pipe instead of waiting for it.
+        os.set_blocking(self.stdin_w, False)
+        self.feed_stdin()
         try:
-            server.template.fork(RunDescriptors(in_r, out_w, err_w, status_w, mount_ns_fd))
+            self.pid = server.template.fork(
+                RunDescriptors(in_r, out_w, err_w, status_w, mount_ns_fd)
+            )
         except OSError:
-            for fd in (self.stdin_w, out_r, err_r, status_r):
+            if self.stdin_w >= 0:
+                loop.remove_writer(self.stdin_w)
+                os.close(self.stdin_w)
+            for fd in (out_r, err_r, status_r):
                 os.close(fd)
             raise
         finally:
-            # The child's ends: the template holds its own copies until it has forked.
+            # The child's ends (the template passed copies on and closed its own).
             for fd in (in_r, out_w, err_w, status_w):
                 os.close(fd)
-        server.forking.append(self)
+        server.runs[self.pid] = self
         self.status_r = status_r
         self.stdout = Capture("stdout", out_r, limit, self.check)
         self.stderr = Capture("stderr", err_r, limit, self.check)
-        loop = server.loop
         for capture in (self.stdout, self.stderr):
             os.set_blocking(capture.fd, False)
             loop.add_reader(capture.fd, capture.read)
-        os.set_blocking(self.stdin_w, False)
-        self.feed_stdin()
         self.timer = loop.call_later(timeout_s, self.on_timeout)
-
-    def on_fork(self, pid: int) -> None:
-        """The template forked the run's process."""
-        self.pid = pid
-        self.server.runs[pid] = self
-        if self.timed_out or self.stdout.truncated or self.stderr.truncated:
-            self.kill()
-
-    def on_fork_failed(self, error: int) -> None:
-        """The template could not fork: the call fails as the sandbox's, nothing ran."""
-        self.fork_error = f"fork failed: {os.strerror(error)}"
-        self.exited = (0, 0.0)
-        self.wall_time_s = time.monotonic() - self.started
-        self.timer.cancel()
-        self.finish()
 
     def feed_stdin(self) -> None:
         """Write as much stdin as the pipe takes; close it when done (the child sees EOF)."""
@@ -304,7 +291,7 @@ class Run:
 
     def kill(self) -> None:
         """Kill the run's process group (its session leader's group)."""
-        if self.exited is None and self.pid:
+        if self.exited is None:
             kill_quietly(self.pid, group=True)
             kill_quietly(self.pid)
 
@@ -365,8 +352,6 @@ class Run:
             shutil.rmtree(self.workdir, ignore_errors=True)
         stderr = self.stderr.data
         notes: list[str] = []
-        if self.fork_error is not None:
-            setup_error = self.fork_error.encode()
         if setup_error:
             status, exit_code, sig = "internal_error", None, None
             stderr = bytearray(b"sandbox setup failed: " + setup_error)
@@ -463,8 +448,6 @@ class ForkServer:
         self.template = template
         self.prefixes = PrefixCache()
         self.oom = OomCounter()
-        # Runs the template was asked to fork, in order, and runs by the pid it forked.
-        self.forking: deque[Run] = deque()
         self.runs: dict[int, Run] = {}
         self.inbox = bytearray()
         self.outbox = bytearray()
@@ -472,7 +455,6 @@ class ForkServer:
         os.set_blocking(ctl_in, False)
         os.set_blocking(ctl_out, False)
         self.loop.add_reader(ctl_in, self.on_control)
-        self.loop.add_reader(template.channel.fileno(), self.on_template)
 
     # -- control channel ------------------------------------------------------------------------
 
@@ -532,40 +514,24 @@ class ForkServer:
 
     # -- children -------------------------------------------------------------------------------
 
-    def on_template(self) -> None:
-        """What the template says: a run forked (or not), a run exited."""
-        try:
-            for kind, pid, value, cpu_time_s in self.template.replies():
-                if kind == EXITED:
-                    run = self.runs.pop(pid, None)
-                    if run is not None:
-                        run.on_exit(value, cpu_time_s)
-                elif kind == FORKED:
-                    self.forking.popleft().on_fork(pid)
-                else:
-                    self.forking.popleft().on_fork_failed(value)
-        except EOFError:
-            self.template_lost()
-
-    def template_lost(self) -> None:
-        """No run can start or be reaped without the template: stop, so the pool starts a new
-        fork-server (the runs in flight die with the template, their parent)."""
-        log.error("the template (pid %d) exited", self.template.pid)
-        self.loop.remove_reader(self.template.channel.fileno())
-        self.shutdown()
-
     def reap(self) -> None:
-        """Collect every exited child: adopted orphans (and kill helpers) are discarded; the
-        template's end stops the server."""
+        """Collect every exited child: runs get their status, adopted orphans are discarded."""
         while True:
             try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
+                pid, wait_status, rusage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            if pid == self.template.pid and self.loop.running:
-                self.template_lost()
+            run = self.runs.pop(pid, None)
+            if run is not None:
+                run.on_exit(wait_status, rusage.ru_utime + rusage.ru_stime)
+            elif pid == self.template.pid:
+                # No run can start without it, and no new one can be made clean: stop, without
+                # a result for the runs this kills (the pool fails them and starts a new server).
+                log.error("the template (pid %d) exited", pid)
+                self.shutdown()
+                return
 
     def orphans_of(self, run: Run) -> list[int]:
         """Live adopted descendants (subreaper) that belong to ``run``'s slot."""
