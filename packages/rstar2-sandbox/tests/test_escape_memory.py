@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import base64
 import hashlib
 import secrets
 from collections.abc import AsyncIterator
@@ -134,3 +135,28 @@ async def test_no_concurrent_run_is_in_a_runs_memory(shared: LocalSandbox) -> No
     held = await holder
     assert held.stdout == f"{PREFIX}{tails['held']}\n"
     assert found == ([], [])
+
+
+def wrapped(header: str, code: str) -> str:
+    """``code`` as a client wrapper carries it (a base64 literal, run with ``exec``) after
+    ``header``: the fork-server keeps the text before it, with its compiled form, for later runs
+    that start with the same text."""
+    literal = base64.b64encode(code.encode()).decode()
+    return f"{header}import base64\nexec(base64.b64decode('{literal}'))\n"
+
+
+async def test_no_other_wrapper_reaches_a_run_through_the_compiled_prefixes(
+    shared: LocalSandbox,
+) -> None:
+    """The fork-server keeps earlier requests' wrappers (the prefix cache); a run gets the
+    compiled prefix of its own wrapper only."""
+    tails = {"wrapper": token()}
+    earlier = await shared.run(RunRequest(code=wrapped(f"# {PREFIX}{tails['wrapper']}\n", "1")))
+    assert earlier.ok, earlier.stderr
+    for _ in range(2):  # the second time from the cached prefix
+        result = await shared.run(
+            RunRequest(code=wrapped("# another wrapper\n", scanner(tails)), timeout_s=60)
+        )
+        assert result.status is RunStatus.SUCCESS, result.stderr
+        in_objects, in_memory = ast.literal_eval(result.stdout)
+        assert (in_objects, in_memory) == (["control"], ["control"])
