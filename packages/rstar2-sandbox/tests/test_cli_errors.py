@@ -21,7 +21,9 @@ NOBODY = "127.0.0.1:9"
 
 def error_line(output: str) -> str:
     assert "Traceback" not in output
-    (line,) = [line for line in output.splitlines() if "error" in line.lower()]
+    # One line, option validation included (not click's Usage/Try/Error block).
+    (line,) = [line for line in output.splitlines() if line.strip()]
+    assert line.startswith("error: ")
     return line
 
 

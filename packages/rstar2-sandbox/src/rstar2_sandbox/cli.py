@@ -6,15 +6,54 @@ import errno
 import logging
 import os
 import socket
+import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
+from typer.core import TyperGroup
 
 from rstar2_sandbox.executor.settings import ExecutorSettings, default_preload, default_servers
 from rstar2_sandbox.malloc import fix_mmap_threshold
 
+
+class _OneLineErrors(TyperGroup):
+    """click's own errors (an option that does not validate) as the one ``error:`` line every
+    other error of this command line is, not click's Usage/Try/Error block. rstar2's other
+    command lines do the same through rstar2-data, which this package does not depend on."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        given = sys.argv[1:] if args is None else list(args)
+        if not standalone_mode or not given:  # the caller handles errors; or the help
+            return super().main(
+                args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra
+            )
+        try:
+            result = super().main(
+                args, prog_name, complete_var, False, windows_expand_args, **extra
+            )
+        except typer.TyperException as error:
+            context = getattr(error, "ctx", None)
+            hint = f" (see {context.command_path} --help)" if context is not None else ""
+            typer.echo(f"error: {error.format_message()}{hint}", err=True)
+            sys.exit(error.exit_code)
+        except typer.Abort:
+            typer.echo("error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     help="Isolated, high-throughput execution of untrusted Python.",
     no_args_is_help=True,
     add_completion=False,
