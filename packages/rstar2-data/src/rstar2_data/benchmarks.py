@@ -13,8 +13,9 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-AnswerFormat = Literal["math", "choice"]
-"""How a benchmark's answers are graded: mathematical equivalence, or a choice letter."""
+AnswerFormat = Literal["math", "choice", "code"]
+"""How a benchmark's answers are graded: mathematical equivalence, a choice letter, or a program
+run against the problem's tests (rstar2-eval's code benchmarks)."""
 
 FieldRole = Literal["id", "problem", "answer"]
 

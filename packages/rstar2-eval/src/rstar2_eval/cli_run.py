@@ -46,6 +46,8 @@ _GRADING = {
     "grade_timeout": "timeout_s",
     "boxed_fallback": "boxed_fallback",
 }
+# CodeGradingConfig fields by option name.
+_TESTS = {"test_timeout": "timeout_s", "test_memory_mb": "memory_mb"}
 
 
 def _vllm_args(pairs: list[str]) -> dict[str, Any]:
@@ -66,11 +68,14 @@ def _given(values: dict[str, Any]) -> dict[str, Any]:
     given: dict[str, Any] = {}
     settings: dict[str, Any] = {}
     grading: dict[str, Any] = {}
+    tests: dict[str, Any] = {}
     for name, value in values.items():
         if value is None:
             continue
         if name in _SETTINGS:
             settings[_SETTINGS[name]] = value
+        elif name in _TESTS:
+            tests[_TESTS[name]] = value
         elif name in _GRADING:
             grading[_GRADING[name]] = value
         elif name == "tool_output_chars":
@@ -87,6 +92,8 @@ def _given(values: dict[str, Any]) -> dict[str, Any]:
         given["settings"] = settings
     if grading:
         given["grading"] = grading
+    if tests:
+        given["tests"] = tests
     return given
 
 
@@ -287,6 +294,19 @@ def run(
         float | None,
         typer.Option(min=0.01, help="Seconds math-verify may spend on one answer. Default: 5."),
     ] = None,
+    test_timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            max=300.0,
+            help="Code benchmarks (humaneval): seconds a program may run with all its problem's "
+            "tests; past it the sample fails. Default: 10.",
+        ),
+    ] = None,
+    test_memory_mb: Annotated[
+        int | None,
+        typer.Option(min=1, help="Code benchmarks: memory of a test run in MB. Default: 1024."),
+    ] = None,
     boxed_fallback: Annotated[
         bool | None,
         typer.Option(
@@ -416,7 +436,7 @@ def _option_error(invalid: ValidationError) -> InputError:
     if not location:
         return InputError("options", message)
     field = location[-1]
-    inverse = {v: k for k, v in {**_SETTINGS, **_GRADING}.items()}
+    inverse = {v: k for k, v in {**_SETTINGS, **_GRADING, **_TESTS}.items()}
     option = {"endpoints": "endpoint", "vllm_args": "vllm_arg"}.get(
         field, inverse.get(field, field)
     )

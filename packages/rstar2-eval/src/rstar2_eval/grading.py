@@ -27,9 +27,10 @@ GradeStatus = Literal["correct", "incorrect", "no_answer", "timeout", "ungradabl
 """``no_answer``: nothing to extract, or a box holding prose; ``timeout``/``ungradable``: the
 verdict could not be had."""
 
-GradeMethod = Literal["integer", "choice", "exact", "units", "prose", "math_verify"]
+GradeMethod = Literal["integer", "choice", "exact", "units", "prose", "math_verify", "tests"]
 """Which path decided: in-process (integer, choice letter, identical text, different units, a
-box holding prose; see ``rstar2_eval.notation``) or math-verify."""
+box holding prose; see ``rstar2_eval.notation``), math-verify, or a program's tests run in the
+sandbox (code benchmarks: ``rstar2_eval.code_grading``)."""
 
 ProgressCallback = Callable[[list[int]], None]
 """Called with the positions of the items that just got their grade."""

@@ -14,6 +14,7 @@ import aiohttp
 
 from rstar2_eval.errors import InputError
 from rstar2_eval.problem_sets import load_source, parse_sources
+from rstar2_eval.registry import get_benchmark
 
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=15)
 """How long a service (sandbox, endpoint) may take to answer a probe."""
@@ -44,9 +45,10 @@ async def probe_sandbox(spec: str) -> str | None:
 
 def check_inputs(benchmarks: str | Sequence[str], data_dir: Path | None, sandbox: str) -> None:
     """InputError for the first problem set that cannot be read from a local file (build
-    directories, JSON Lines files, registry benchmarks with ``data_dir``) or for a sandbox URL
-    that does not answer."""
+    directories, JSON Lines files, registry benchmarks with ``data_dir`` or shipped by a package)
+    or for a sandbox URL that does not answer."""
     for source in parse_sources(benchmarks):
-        if source.kind != "registry" or data_dir is not None:
+        local = source.kind != "registry" or get_benchmark(source.name).hub is None
+        if local or data_dir is not None:
             load_source(source, data_dir)
     asyncio.run(probe_sandbox(sandbox))

