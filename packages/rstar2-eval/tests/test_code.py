@@ -411,6 +411,6 @@ def test_score_refuses_code_benchmarks_instead_of_misgrading_them(tmp_path: Path
     generations.write_text(json.dumps(row | {"response": "    return True\n"}) + "\n")
     result = CliRunner().invoke(app, ["score", str(generations)])
     assert result.exit_code == 2
-    assert "humaneval: code benchmarks are graded by running their tests" in " ".join(
+    assert "humaneval: code and instruction-following benchmarks are graded by" in " ".join(
         result.output.split()
     )

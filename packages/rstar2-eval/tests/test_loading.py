@@ -82,6 +82,7 @@ def test_registry_covers_the_paper_benchmarks() -> None:
         "amc23",
         "gpqa-diamond",
         "humaneval",
+        "ifeval",
     }
     assert get_benchmark("gpqa-diamond").answer_format == "choice"
     with pytest.raises(KeyError, match="known benchmarks: aime24"):

@@ -163,12 +163,13 @@ def score(
         named = sorted({n.generation.benchmark for n in numbered} & set(BENCHMARKS) - set(sets))
         # Unknown names are reported by score_generations, with their line.
         sets |= {name: ProblemSet.registry(name, data_dir) for name in named}
-        code = sorted(name for name, s in sets.items() if s.answer_format == "code")
+        code = sorted(n for n, s in sets.items() if s.answer_format in ("code", "instructions"))
         if code:
             raise InputError(
                 str(generations),
-                f"{', '.join(code)}: code benchmarks are graded by running their tests in a "
-                "sandbox, which `score` does not start; `rstar2-eval run` grades them",
+                f"{', '.join(code)}: code and instruction-following benchmarks are graded by "
+                "running tests or IFEval's checkers, which `score` does not do; `rstar2-eval run` "
+                "grades them",
             )
         with Grader(config) as grader, _progress(errors) as progress:
             task = progress.add_task("grading", total=len(numbered))

@@ -2,7 +2,8 @@
 
 ``CodeGrader`` runs each response's program with its problem's tests (one sandbox run per
 sample, bounded by ``CodeGradingConfig``); ``TaskGrader`` is the ``AsyncGrader`` that
-``evaluate`` gets: code answers go to the sandbox, every other answer to the math grader.
+``evaluate`` gets: code answers go to the sandbox, IFEval responses to its instruction checkers
+(on a thread), every other answer to the math grader.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rstar2_eval.code_tasks import FunctionTests, extract_program
 from rstar2_eval.grading import AsyncGrader, Grade, GraderConfig
+from rstar2_eval.instruction_tasks import grade_instructions
 from rstar2_eval.verification import AnswerFormat
 from rstar2_sandbox.models import RunRequest, RunResult, RunStatus
 from rstar2_sandbox.protocol import Sandbox
@@ -104,13 +106,25 @@ class CodeGrader:
 
 
 class TaskGrader:
-    """An ``AsyncGrader`` for any mix of benchmarks: answers of format ``code`` run their tests
-    through ``code``, all others go to ``math`` (whose config this grader reports)."""
+    """An ``AsyncGrader`` for any mix of benchmarks: ``code`` answers run their tests through
+    ``code``, ``instructions`` answers go to IFEval's checkers, all others to ``math`` (whose
+    config this grader reports)."""
 
     def __init__(self, math: AsyncGrader, code: CodeGrader) -> None:
         self.math = math
         self.code = code
         self.config: GraderConfig = math.config
+
+    async def _grade(
+        self, responses: list[str], golds: list[str], formats: list[AnswerFormat]
+    ) -> list[Grade]:
+        if not responses:
+            return []
+        if formats[0] == "code":
+            return await self.code.agrade_many(responses, golds)
+        if formats[0] == "instructions":
+            return await asyncio.to_thread(grade_instructions, responses, golds)
+        return await self.math.agrade_many(responses, golds, answer_format=formats)
 
     async def agrade_many(
         self,
@@ -120,31 +134,25 @@ class TaskGrader:
         answer_format: AnswerFormat | Sequence[AnswerFormat] = "math",
     ) -> list[Grade]:
         """One grade per response, in order."""
-        formats = (
+        formats: list[AnswerFormat] = (
             [answer_format] * len(responses)
             if isinstance(answer_format, str)
             else list(answer_format)
         )
-        code = [i for i, fmt in enumerate(formats) if fmt == "code"]
-        other = [i for i, fmt in enumerate(formats) if fmt != "code"]
-        code_grades, other_grades = await asyncio.gather(
-            self.code.agrade_many([responses[i] for i in code], [golds[i] for i in code]),
-            self.math.agrade_many(
-                [responses[i] for i in other],
-                [golds[i] for i in other],
-                answer_format=[formats[i] for i in other],
+        routes: dict[str, list[int]] = {"code": [], "instructions": [], "math": []}
+        for i, fmt in enumerate(formats):
+            routes[fmt if fmt in ("code", "instructions") else "math"].append(i)
+        graded = await asyncio.gather(
+            *(
+                self._grade(
+                    [responses[i] for i in items],
+                    [golds[i] for i in items],
+                    [formats[i] for i in items],
+                )
+                for items in routes.values()
             )
-            if other
-            else _no_grades(),
         )
-        grades: list[Grade | None] = [None] * len(responses)
-        for i, grade in [
-            *zip(code, code_grades, strict=True),
-            *zip(other, other_grades, strict=True),
-        ]:
-            grades[i] = grade
-        return [grade for grade in grades if grade is not None]
-
-
-async def _no_grades() -> list[Grade]:
-    return []
+        grades: dict[int, Grade] = {}
+        for items, group in zip(routes.values(), graded, strict=True):
+            grades.update(zip(items, group, strict=True))
+        return [grades[i] for i in range(len(responses))]

@@ -79,6 +79,15 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             answer_format="code",
             expected_rows=164,
         ),
+        BenchmarkSpec(
+            name="ifeval",
+            title="IFEval",
+            hub=HubSource(path="google/IFEval", split="train"),
+            path=Path("ifeval.jsonl"),
+            fields=FieldMap(id="key", problem="prompt", answer="instruction_id_list"),
+            answer_format="instructions",
+            expected_rows=541,
+        ),
     )
 }
 """Every known benchmark by name."""

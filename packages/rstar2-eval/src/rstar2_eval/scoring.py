@@ -14,6 +14,7 @@ from rstar2_data.schemas import GradedSample, MathProblem
 from rstar2_eval.errors import InputError
 from rstar2_eval.generations import Generation, NumberedGeneration
 from rstar2_eval.grading import Grade, Grader, GradeStatus, ProgressCallback
+from rstar2_eval.instruction_tasks import InstructionScores, instruction_scores
 from rstar2_eval.metrics import majority_vote, mean_accuracy, pass_at_k
 from rstar2_eval.problem_sets import ProblemSet, ProblemSource
 from rstar2_eval.registry import get_benchmark
@@ -75,6 +76,9 @@ class BenchmarkScore(BaseModel):
     identical_samples: int = Field(
         description="Problems with several samples whose responses are all the same text (at "
         "temperature > 0 a sign that the engine decoded greedily)."
+    )
+    instruction_following: InstructionScores | None = Field(
+        default=None, description="IFEval sets: strict and loose prompt/instruction accuracy."
     )
 
 
@@ -224,6 +228,7 @@ def _score_benchmark(
         identical_samples=sum(
             len(group) > 1 and len({s.generation.response for s in group}) == 1 for group in groups
         ),
+        instruction_following=instruction_scores(grades),
     )
 
 
