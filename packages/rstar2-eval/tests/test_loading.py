@@ -83,6 +83,7 @@ def test_registry_covers_the_paper_benchmarks() -> None:
         "gpqa-diamond",
         "humaneval",
         "ifeval",
+        "livecodebench",
     }
     assert get_benchmark("gpqa-diamond").answer_format == "choice"
     with pytest.raises(KeyError, match="known benchmarks: aime24"):

@@ -1,7 +1,8 @@
 """Grading programs by running their tests in rstar2-sandbox, beside the math grader.
 
-``CodeGrader`` runs each response's program with its problem's tests (one sandbox run per
-sample, bounded by ``CodeGradingConfig``); ``TaskGrader`` is the ``AsyncGrader`` that
+``CodeGrader`` runs each response's program with its problem's tests: a HumanEval problem's
+tests in one sandbox run, a stdin/stdout problem's cases one run each (stopping at the first
+failure), each run bounded by ``CodeGradingConfig``. ``TaskGrader`` is the ``AsyncGrader`` that
 ``evaluate`` gets: code answers go to the sandbox, IFEval responses to its instruction checkers
 (on a thread), every other answer to the math grader.
 """
@@ -10,31 +11,42 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from rstar2_eval.code_tasks import FunctionTests, extract_program
 from rstar2_eval.grading import AsyncGrader, Grade, GraderConfig
 from rstar2_eval.instruction_tasks import grade_instructions
+from rstar2_eval.stdio_tasks import StdioTests, same_output
 from rstar2_eval.verification import AnswerFormat
 from rstar2_sandbox.models import RunRequest, RunResult, RunStatus
 from rstar2_sandbox.protocol import Sandbox
 
 # Failures are summarized by the end of stderr: the exception line of a traceback.
 _DETAIL_CHARS = 300
+_MAX_OUTPUT_BYTES = 64 << 20  # RunRequest's own cap
+
+CodeTests = Annotated[FunctionTests | StdioTests, Field(discriminator="kind")]
+"""A code problem's ``answer``: the tests its program must pass."""
+_CODE_TESTS: TypeAdapter[FunctionTests | StdioTests] = TypeAdapter(CodeTests)
 
 
 class CodeGradingConfig(BaseModel):
-    """Limits of one test run (a program with all its problem's tests)."""
+    """Limits of one test run (a HumanEval program with all its tests, or one stdin case)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     timeout_s: float = Field(
-        default=10.0, gt=0, le=300, description="Wall-clock seconds for the program and its tests."
+        default=10.0, gt=0, le=300, description="Wall-clock seconds of one test run."
     )
-    memory_mb: int = Field(default=1024, gt=0, description="Address space of the test run.")
+    memory_mb: int = Field(default=1024, gt=0, description="Address space of a test run.")
     output_limit_bytes: int = Field(
-        default=64 << 10, gt=0, description="Cap on what a test run may print."
+        default=64 << 10,
+        gt=0,
+        description="Cap on what a test run may print (a stdin case's cap also leaves room for "
+        "twice its expected output).",
     )
 
 
@@ -50,6 +62,13 @@ def _failure(result: RunResult, timeout_s: float) -> str:
     return last[-_DETAIL_CHARS:]
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    passed: bool
+    detail: str | None = None
+    ungradable: bool = False
+
+
 class CodeGrader:
     """Runs each response's program against its tests in ``sandbox`` (not owned: never closed)."""
 
@@ -57,52 +76,70 @@ class CodeGrader:
         self.sandbox = sandbox
         self.config = config if config is not None else CodeGradingConfig()
 
-    def _request(self, tests: FunctionTests, program: str) -> RunRequest:
-        return RunRequest(
-            code=tests.program(program),
-            timeout_s=self.config.timeout_s,
-            memory_mb=self.config.memory_mb,
-            output_limit_bytes=self.config.output_limit_bytes,
+    async def _run(self, code: str, stdin: str = "", expected: str = "") -> RunResult:
+        room = 2 * len(expected.encode()) + 1024
+        return await self.sandbox.run(
+            RunRequest(
+                code=code,
+                stdin=stdin,
+                timeout_s=self.config.timeout_s,
+                memory_mb=self.config.memory_mb,
+                output_limit_bytes=min(
+                    max(self.config.output_limit_bytes, room), _MAX_OUTPUT_BYTES
+                ),
+            )
+        )
+
+    def _judge(self, result: RunResult, where: str = "") -> _Outcome | None:
+        """The outcome of a run that did not succeed; None when it did."""
+        if result.ok:
+            return None
+        if result.status is RunStatus.INTERNAL_ERROR:
+            reason = result.stderr.strip()[-_DETAIL_CHARS:]
+            return _Outcome(False, f"{where}the sandbox failed: {reason}", ungradable=True)
+        return _Outcome(False, where + _failure(result, self.config.timeout_s))
+
+    async def _test(self, tests: FunctionTests | StdioTests, program: str) -> _Outcome:
+        if isinstance(tests, FunctionTests):
+            return self._judge(await self._run(tests.program(program))) or _Outcome(True)
+        for number, case in enumerate(tests.cases, start=1):
+            where = f"test {number} of {len(tests.cases)}: "
+            result = await self._run(program, case.input, case.output)
+            failed = self._judge(result, where)
+            if failed is not None:
+                return failed
+            if not same_output(result.stdout, case.output):
+                return _Outcome(False, where + "wrong output")
+        return _Outcome(True)
+
+    async def _grade(self, response: str, gold: str) -> Grade:
+        tests = _CODE_TESTS.validate_json(gold)
+        entry_point = tests.entry_point if isinstance(tests, FunctionTests) else None
+        program = extract_program(response, entry_point)
+        if program is None:
+            return Grade(correct=False, status="no_answer", answer=None, method=None)
+        outcome = await self._test(tests, program)
+        status = (
+            "correct" if outcome.passed else "ungradable" if outcome.ungradable else "incorrect"
+        )
+        return Grade(
+            correct=outcome.passed,
+            status=status,
+            answer=program,
+            method="tests",
+            detail=outcome.detail,
         )
 
     async def agrade_many(self, responses: Sequence[str], golds: Sequence[str]) -> list[Grade]:
-        """One grade per response; ``golds`` are ``FunctionTests`` documents (a problem's
-        ``answer``). A response without a program is ``no_answer``; a sandbox that fails to
-        run one is ``ungradable``; any other run is correct exactly when it exits cleanly."""
-        tests = [FunctionTests.model_validate_json(gold) for gold in golds]
-        programs = [
-            extract_program(response, t.entry_point)
-            for response, t in zip(responses, tests, strict=True)
-        ]
-        runnable = [i for i, program in enumerate(programs) if program is not None]
-        results = await self.sandbox.run_many(
-            [self._request(tests[i], programs[i] or "") for i in runnable]
+        """One grade per response; ``golds`` are a code problem's ``answer`` (its tests). A
+        response without a program is ``no_answer``; a sandbox that fails to run one is
+        ``ungradable``; otherwise the sample is correct exactly when every test passes, and a
+        failure's reason (the exception, a timeout, a wrong output) is the grade's detail."""
+        return list(
+            await asyncio.gather(
+                *(self._grade(r, g) for r, g in zip(responses, golds, strict=True))
+            )
         )
-        grades = [
-            Grade(correct=False, status="no_answer", answer=None, method=None) for _ in programs
-        ]
-        for i, result in zip(runnable, results, strict=True):
-            if result.ok:
-                grades[i] = Grade(
-                    correct=True, status="correct", answer=programs[i], method="tests"
-                )
-            elif result.status is RunStatus.INTERNAL_ERROR:
-                grades[i] = Grade(
-                    correct=False,
-                    status="ungradable",
-                    answer=programs[i],
-                    method="tests",
-                    detail=f"the sandbox failed: {result.stderr.strip()[-_DETAIL_CHARS:]}",
-                )
-            else:
-                grades[i] = Grade(
-                    correct=False,
-                    status="incorrect",
-                    answer=programs[i],
-                    method="tests",
-                    detail=_failure(result, self.config.timeout_s),
-                )
-        return grades
 
 
 class TaskGrader:

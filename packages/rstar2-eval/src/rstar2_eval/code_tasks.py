@@ -137,7 +137,12 @@ def humaneval_file(spec: BenchmarkSpec, data_dir: Path | None) -> Path:
 
 
 def load_code_benchmark(spec: BenchmarkSpec, data_dir: Path | None) -> list[MathProblem]:
-    """The problems of a code benchmark; InputError names the file, line and field of a bad row."""
+    """The problems of a code benchmark (HumanEval; the others hold stdin/stdout tests, read by
+    ``stdio_tasks``); InputError names the file, line and field of a bad row."""
+    if spec.name != "humaneval":
+        from rstar2_eval.stdio_tasks import load_stdio_benchmark
+
+        return load_stdio_benchmark(spec, data_dir)
     path = humaneval_file(spec, data_dir)
     rows = _gzip_objects(path) if path.suffix == ".gz" else read_jsonl_objects(path)
     problems: list[MathProblem] = []
@@ -170,16 +175,20 @@ def _answer_block(response: str) -> str | None:
     return body if end < 0 else body[:end]
 
 
-def extract_program(response: str, entry_point: str) -> str | None:
+def extract_program(response: str, entry_point: str | None = None) -> str | None:
     """The program a response answers with, or None when it gives none.
 
     Looked for in the last answer block when there is one, else in the whole response: the last
-    fenced Python block that defines ``entry_point``, else the last fenced Python block, else
-    the text itself (a raw completion).
+    fenced Python block that defines ``entry_point`` (when one is named), else the last fenced
+    Python block, else the text itself (a raw completion).
     """
     block = _answer_block(response)
     text = block if block is not None else response
     fenced = [body for tag, body in _FENCE.findall(text) if tag.lower() in _PYTHON_TAGS]
-    defining = [body for body in fenced if re.search(rf"\bdef\s+{entry_point}\s*\(", body)]
+    defining = (
+        [body for body in fenced if re.search(rf"\bdef\s+{entry_point}\s*\(", body)]
+        if entry_point is not None
+        else []
+    )
     program = (defining or fenced or [text])[-1]
     return program if program.strip() else None

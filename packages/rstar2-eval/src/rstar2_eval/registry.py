@@ -79,6 +79,16 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             answer_format="code",
             expected_rows=164,
         ),
+        # LiveCodeBench's stdin/stdout problems, from a local copy (no package ships them).
+        BenchmarkSpec(
+            name="livecodebench",
+            title="LiveCodeBench (stdin/stdout)",
+            path=Path("livecodebench.jsonl"),
+            fields=FieldMap(
+                id="question_id", problem="question_content", answer="public_test_cases"
+            ),
+            answer_format="code",
+        ),
         BenchmarkSpec(
             name="ifeval",
             title="IFEval",
