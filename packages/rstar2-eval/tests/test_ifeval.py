@@ -210,6 +210,16 @@ def test_run_ifeval_on_a_stub_endpoint(tmp_path: Path) -> None:
             ],
         )
     assert result.exit_code == 0, result.output
+    # The paper's generalization table, with the run's IFEval column filled and why the others
+    # are not.
+    rows = {line.split("│")[1].strip(): line for line in result.output.splitlines() if "│" in line}
+    assert [cell.strip() for cell in rows["IFEval strict-prompt"].split("│")[2:5]] == [
+        "83.4",
+        "83.7",
+        "66.7",
+    ]
+    assert "not run: add gpqa-diamond to --benchmarks" in rows["GPQA-Diamond"]
+    assert "needs a judge model" in " ".join(result.output.split())
     (score,) = json.loads((out / "generations.report.json").read_text())["benchmarks"]
     assert score["avg"] == pytest.approx(2 / 3)
     assert score["instruction_following"] == {

@@ -380,6 +380,10 @@ def run(
     from rstar2_eval.reports import score_table
 
     console.print(score_table(report.score, title=f"rstar2-eval run: {report.model.name}"))
+    from rstar2_eval.paper_table import covers, generalization_table
+
+    if covers(report.score):
+        console.print(generalization_table(report.score, model=report.model.name))
     template = "the checkpoint's" if report.chat_template == "checkpoint" else "rstar2's"
     same = (
         " (identical to rstar2's)"
