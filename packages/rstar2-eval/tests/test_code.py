@@ -414,3 +414,12 @@ def test_score_refuses_code_benchmarks_instead_of_misgrading_them(tmp_path: Path
     assert "humaneval: code and instruction-following benchmarks are graded by" in " ".join(
         result.output.split()
     )
+
+
+def test_the_math_grader_refuses_programs(grader: Grader, humaneval: list[MathProblem]) -> None:
+    with pytest.raises(
+        ValueError, match=r"'code' is graded by rstar2_eval\.code_grading\.TaskGrader"
+    ):
+        grader.grade_many([solution(humaneval[0])], [humaneval[0].answer], answer_format="code")
+    with pytest.raises(ValueError, match="'instructions' is graded by"):
+        grader.grade_many(["ok", "ok"], ["{}", "1"], answer_format=["instructions", "math"])

@@ -136,11 +136,17 @@ class _Batcher:
 def _formats(
     answer_format: AnswerFormat | Sequence[AnswerFormat], count: int
 ) -> list[AnswerFormat]:
-    if isinstance(answer_format, str):
-        return [answer_format] * count
-    formats = list(answer_format)
+    formats = [answer_format] * count if isinstance(answer_format, str) else list(answer_format)
     if len(formats) != count:
         raise ValueError(f"got {len(formats)} answer formats for {count} items")
+    # Programs and instruction-following responses have no answer to compare: refuse them here
+    # rather than grade their tests as a math gold.
+    for other in ("code", "instructions"):
+        if other in formats:
+            raise ValueError(
+                f"answer format {other!r} is graded by rstar2_eval.code_grading.TaskGrader "
+                "(tests in a sandbox, IFEval's checkers), not by the math Grader"
+            )
     return formats
 
 
