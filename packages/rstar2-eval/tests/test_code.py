@@ -423,3 +423,30 @@ def test_the_math_grader_refuses_programs(grader: Grader, humaneval: list[MathPr
         grader.grade_many([solution(humaneval[0])], [humaneval[0].answer], answer_format="code")
     with pytest.raises(ValueError, match="'instructions' is graded by"):
         grader.grade_many(["ok", "ok"], ["{}", "1"], answer_format=["instructions", "math"])
+
+
+@pytest.mark.slow
+def test_run_humaneval_on_a_transformers_serve_endpoint(
+    checkpoint: Path, transformers_server: str, tmp_path: Path
+) -> None:
+    """The wiring on a real server: a tiny checkpoint's answers (not programs that pass) go
+    through the rollout, the sandbox's tests and the report."""
+    out = tmp_path / "served"
+    result = CliRunner().invoke(
+        app,
+        [
+            *("run", "--endpoint", transformers_server),
+            *("--served-model", str(checkpoint), "--tokenizer", str(checkpoint)),
+            *("--benchmarks", "humaneval", "--limit", "2", "--samples", "1"),
+            *("--temperature", "0", "--max-tokens", "120", "--max-turns", "2"),
+            *("--out", str(out), "--no-progress"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+    assert {row["problem_id"] for row in rows} == {"HumanEval/0", "HumanEval/1"}
+    assert all(row["response"] for row in rows)
+    (score,) = json.loads((out / "generations.report.json").read_text())["benchmarks"]
+    assert (score["benchmark"], score["samples"]) == ("humaneval", 2)
+    assert sum(score["statuses"].values()) == 2
+    assert json.loads((out / "run.json").read_text())["spec"]["model"]["kind"] == "endpoint"
