@@ -400,20 +400,33 @@ def test_run_humaneval_on_a_stub_endpoint_resumes_after_a_kill(
         "timeout": 0,
         "ungradable": 0,
     }
+    rescored = CliRunner().invoke(app, ["score", str(lines), "--out", str(tmp_path / "again")])
+    assert rescored.exit_code == 0, rescored.output
+    again = json.loads((tmp_path / "again" / "generations.report.json").read_text())
+    assert again["benchmarks"] == report["benchmarks"]
     with (out / "generations.problems.csv").open(newline="") as table:
         per_problem = {row["problem_id"]: row for row in csv.DictReader(table)}
     assert [per_problem[p.id]["correct"] for p in humaneval[:6]] == ["2", "2", "0", "0", "0", "2"]
 
 
-def test_score_refuses_code_benchmarks_instead_of_misgrading_them(tmp_path: Path) -> None:
+def test_score_runs_the_tests_of_a_generations_file(
+    humaneval: list[MathProblem], tmp_path: Path
+) -> None:
     generations = tmp_path / "generations.jsonl"
-    row = {"benchmark": "humaneval", "problem_id": "HumanEval/0", "sample_index": 0}
-    generations.write_text(json.dumps(row | {"response": "    return True\n"}) + "\n")
-    result = CliRunner().invoke(app, ["score", str(generations)])
-    assert result.exit_code == 2
-    assert "humaneval: code and instruction-following benchmarks are graded by" in " ".join(
-        result.output.split()
+    rows = [
+        {"problem_id": "HumanEval/2", "sample_index": 0, "response": solution(humaneval[2])},
+        {"problem_id": "HumanEval/2", "sample_index": 1, "response": "    return -1\n"},
+        {"problem_id": "HumanEval/4", "sample_index": 0, "response": "<answer></answer>"},
+        {"problem_id": "HumanEval/4", "sample_index": 1, "response": solution(humaneval[4])},
+    ]
+    generations.write_text(
+        "".join(json.dumps({"benchmark": "humaneval"} | row) + "\n" for row in rows)
     )
+    result = CliRunner().invoke(app, ["score", str(generations), "--test-timeout", "5"])
+    assert result.exit_code == 0, result.output
+    (score,) = json.loads((tmp_path / "generations.report.json").read_text())["benchmarks"]
+    assert (score["avg"], score["pass_at_k"]) == (0.5, {"1": 0.5, "2": 1.0})
+    assert (score["statuses"]["incorrect"], score["statuses"]["no_answer"]) == (1, 1)
 
 
 def test_the_math_grader_refuses_programs(grader: Grader, humaneval: list[MathProblem]) -> None:

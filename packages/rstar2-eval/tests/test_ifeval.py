@@ -249,3 +249,23 @@ def test_without_a_data_dir_the_prompts_come_from_the_hub(monkeypatch: pytest.Mo
         ("2", "google/IFEval"),
         ("3", "google/IFEval"),
     ]
+
+
+def test_score_checks_a_generations_file(tmp_path: Path) -> None:
+    data = write_rows(tmp_path / "data", ROWS)
+    generations = tmp_path / "generations.jsonl"
+    generations.write_text(
+        "".join(
+            json.dumps(
+                {"benchmark": "ifeval", "problem_id": str(row["key"]), "sample_index": 0}
+                | {"response": response}
+            )
+            + "\n"
+            for row, response in zip(ROWS, FOLLOWED, strict=True)
+        )
+    )
+    result = CliRunner().invoke(app, ["score", str(generations), "--data-dir", str(data)])
+    assert result.exit_code == 0, result.output
+    (score,) = json.loads((tmp_path / "generations.report.json").read_text())["benchmarks"]
+    assert score["instruction_following"]["prompt_strict"] == pytest.approx(2 / 3)
+    assert score["instruction_following"]["instruction_loose"] == 1.0

@@ -17,7 +17,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from rstar2_eval.code_tasks import FunctionTests, extract_program
-from rstar2_eval.grading import AsyncGrader, Grade, GraderConfig
+from rstar2_eval.grading import AsyncGrader, Grade, Grader, GraderConfig, ProgressCallback
 from rstar2_eval.instruction_tasks import grade_instructions
 from rstar2_eval.stdio_tasks import StdioTests, same_output
 from rstar2_eval.verification import AnswerFormat
@@ -193,3 +193,48 @@ class TaskGrader:
         for items, group in zip(routes.values(), graded, strict=True):
             grades.update(zip(items, group, strict=True))
         return [grades[i] for i in range(len(responses))]
+
+
+class SandboxedGrading:
+    """What ``score_generations`` calls (``config`` and a blocking ``grade_many``) for a mix
+    that holds code or IFEval answers: each call opens the sandbox named by ``sandbox``
+    (``local``: embedded; else a service URL), grades through ``TaskGrader`` and closes it."""
+
+    def __init__(
+        self, grader: Grader, sandbox: str = "local", tests: CodeGradingConfig | None = None
+    ) -> None:
+        self.grader = grader
+        self.sandbox = sandbox
+        self.tests = tests if tests is not None else CodeGradingConfig()
+        self.config: GraderConfig = grader.config
+
+    async def _agrade(
+        self, responses: Sequence[str], golds: Sequence[str], formats: list[AnswerFormat]
+    ) -> list[Grade]:
+        from rstar2_eval.backends import open_sandbox
+
+        sandbox = await open_sandbox(self.sandbox)
+        try:
+            tasks = TaskGrader(self.grader, CodeGrader(sandbox, self.tests))
+            return await tasks.agrade_many(responses, golds, answer_format=formats)
+        finally:
+            await sandbox.aclose()
+
+    def grade_many(
+        self,
+        responses: Sequence[str],
+        golds: Sequence[str],
+        *,
+        answer_format: AnswerFormat | Sequence[AnswerFormat] = "math",
+        on_graded: ProgressCallback | None = None,
+    ) -> list[Grade]:
+        """One grade per response, in order; ``on_graded`` hears of all of them at the end."""
+        formats: list[AnswerFormat] = (
+            [answer_format] * len(responses)
+            if isinstance(answer_format, str)
+            else list(answer_format)
+        )
+        grades = asyncio.run(self._agrade(responses, golds, formats))
+        if on_graded is not None:
+            on_graded(list(range(len(grades))))
+        return grades

@@ -6,6 +6,7 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from statistics import fmean
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,6 +19,9 @@ from rstar2_eval.instruction_tasks import InstructionScores, instruction_scores
 from rstar2_eval.metrics import majority_vote, mean_accuracy, pass_at_k
 from rstar2_eval.problem_sets import ProblemSet, ProblemSource
 from rstar2_eval.registry import get_benchmark
+
+if TYPE_CHECKING:
+    from rstar2_eval.code_grading import SandboxedGrading
 
 logger = logging.getLogger(__name__)
 
@@ -279,7 +283,7 @@ def as_problem_sets(
 def score_generations(
     generations: Sequence[NumberedGeneration],
     benchmarks: Mapping[str, Sequence[MathProblem] | ProblemSet],
-    grader: Grader,
+    grader: Grader | SandboxedGrading,
     *,
     origin: str,
     ks: Sequence[int] | None = None,
@@ -289,7 +293,7 @@ def score_generations(
 
     ``benchmarks`` maps names to problem sets (or registry names to their loaded problems). A
     generation naming an unknown benchmark or problem is an InputError that points at its line
-    in ``origin``.
+    in ``origin``. Code and IFEval sets need a ``SandboxedGrading`` around the grader.
     """
     sets = as_problem_sets(benchmarks)
     index = {name: {p.id: p for p in problem_set.problems} for name, problem_set in sets.items()}
