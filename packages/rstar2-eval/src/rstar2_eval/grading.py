@@ -27,12 +27,25 @@ GradeStatus = Literal["correct", "incorrect", "no_answer", "timeout", "ungradabl
 """``no_answer``: nothing to extract, or a box holding prose; ``timeout``/``ungradable``: the
 verdict could not be had."""
 
-GradeMethod = Literal["integer", "choice", "exact", "units", "prose", "math_verify"]
+GradeMethod = Literal[
+    "integer", "choice", "exact", "units", "prose", "math_verify", "tests", "instructions"
+]
 """Which path decided: in-process (integer, choice letter, identical text, different units, a
-box holding prose; see ``rstar2_eval.notation``) or math-verify."""
+box holding prose; see ``rstar2_eval.notation``), math-verify, a program's tests run in the
+sandbox (code benchmarks: ``rstar2_eval.code_grading``), or IFEval's instruction checkers
+(``rstar2_eval.instruction_tasks``)."""
 
 ProgressCallback = Callable[[list[int]], None]
 """Called with the positions of the items that just got their grade."""
+
+
+class InstructionResults(BaseModel):
+    """IFEval: whether each instruction of the prompt was followed, strictly and loosely."""
+
+    model_config = ConfigDict(frozen=True)
+
+    strict: list[bool]
+    loose: list[bool]
 
 
 class Grade(BaseModel):
@@ -51,6 +64,9 @@ class Grade(BaseModel):
     )
     method: GradeMethod | None = Field(default=None, description="None when nothing was compared.")
     detail: str | None = Field(default=None, description="Why a grade is timeout or ungradable.")
+    instructions: InstructionResults | None = Field(
+        default=None, description="IFEval prompts: each instruction's verdicts."
+    )
 
 
 def _default_workers() -> int:
@@ -120,11 +136,17 @@ class _Batcher:
 def _formats(
     answer_format: AnswerFormat | Sequence[AnswerFormat], count: int
 ) -> list[AnswerFormat]:
-    if isinstance(answer_format, str):
-        return [answer_format] * count
-    formats = list(answer_format)
+    formats = [answer_format] * count if isinstance(answer_format, str) else list(answer_format)
     if len(formats) != count:
         raise ValueError(f"got {len(formats)} answer formats for {count} items")
+    # Programs and instruction-following responses have no answer to compare: refuse them here
+    # rather than grade their tests as a math gold.
+    for other in ("code", "instructions"):
+        if other in formats:
+            raise ValueError(
+                f"answer format {other!r} is graded by rstar2_eval.code_grading.TaskGrader "
+                "(tests in a sandbox, IFEval's checkers), not by the math Grader"
+            )
     return formats
 
 

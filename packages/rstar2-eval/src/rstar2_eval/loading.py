@@ -187,6 +187,14 @@ def load_benchmark(
     """A benchmark's problems: from ``data_dir`` when given, else from the hub (a spec without a
     hub dataset: from its ``path`` as given)."""
     spec = get_benchmark(benchmark) if isinstance(benchmark, str) else benchmark
+    if spec.answer_format == "code":
+        from rstar2_eval.code_tasks import load_code_benchmark
+
+        return load_code_benchmark(spec, data_dir)
+    if spec.answer_format == "instructions":
+        from rstar2_eval.instruction_tasks import load_instruction_benchmark
+
+        return load_instruction_benchmark(spec, data_dir)
     if data_dir is not None or spec.hub is None:
         return load_local(spec, data_dir if data_dir is not None else Path())
     return load_hub(spec)

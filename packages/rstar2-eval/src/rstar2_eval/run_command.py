@@ -32,6 +32,7 @@ from rstar2_eval.backends import (
     vllm_engine,
     weights_digest,
 )
+from rstar2_eval.code_grading import CodeGrader, CodeGradingConfig, TaskGrader
 from rstar2_eval.errors import InputError
 from rstar2_eval.evaluation import EvalReport, evaluate
 from rstar2_eval.grading import Grader, GraderConfig
@@ -78,6 +79,9 @@ class RunOptions(BaseModel):
     vllm_args: dict[str, Any] = Field(default_factory=dict)
     concurrency: int = Field(default=64, ge=1, description="Rollouts in flight per endpoint.")
     grading: GraderConfig = Field(default_factory=GraderConfig)
+    tests: CodeGradingConfig = Field(
+        default_factory=CodeGradingConfig, description="Code benchmarks: limits of a test run."
+    )
     plot: bool = True
     progress: bool = True
     allow_identical_samples: bool = Field(
@@ -224,8 +228,10 @@ async def arun_evaluation(options: RunOptions, *, console: Console | None = None
         else:
             built = await _endpoints(options, limited, stack)
         engines, tokenizer, chat, model, scheduler, execution = built
-        grader = Grader(options.grading)
-        stack.callback(grader.close)
+        math_grader = Grader(options.grading)
+        stack.callback(math_grader.close)
+        # Code benchmarks run their tests in the run's sandbox, beside the tool calls.
+        grader = TaskGrader(math_grader, CodeGrader(sandbox, options.tests))
         settings = options.settings
         logger.info(
             "evaluating %s on %s: %d samples per problem, temperature %g, top-p %g, up to %d "

@@ -6,6 +6,7 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from statistics import fmean
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,9 +15,13 @@ from rstar2_data.schemas import GradedSample, MathProblem
 from rstar2_eval.errors import InputError
 from rstar2_eval.generations import Generation, NumberedGeneration
 from rstar2_eval.grading import Grade, Grader, GradeStatus, ProgressCallback
+from rstar2_eval.instruction_tasks import InstructionScores, instruction_scores
 from rstar2_eval.metrics import majority_vote, mean_accuracy, pass_at_k
 from rstar2_eval.problem_sets import ProblemSet, ProblemSource
 from rstar2_eval.registry import get_benchmark
+
+if TYPE_CHECKING:
+    from rstar2_eval.code_grading import SandboxedGrading
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +80,9 @@ class BenchmarkScore(BaseModel):
     identical_samples: int = Field(
         description="Problems with several samples whose responses are all the same text (at "
         "temperature > 0 a sign that the engine decoded greedily)."
+    )
+    instruction_following: InstructionScores | None = Field(
+        default=None, description="IFEval sets: strict and loose prompt/instruction accuracy."
     )
 
 
@@ -224,6 +232,7 @@ def _score_benchmark(
         identical_samples=sum(
             len(group) > 1 and len({s.generation.response for s in group}) == 1 for group in groups
         ),
+        instruction_following=instruction_scores(grades),
     )
 
 
@@ -274,7 +283,7 @@ def as_problem_sets(
 def score_generations(
     generations: Sequence[NumberedGeneration],
     benchmarks: Mapping[str, Sequence[MathProblem] | ProblemSet],
-    grader: Grader,
+    grader: Grader | SandboxedGrading,
     *,
     origin: str,
     ks: Sequence[int] | None = None,
@@ -284,7 +293,7 @@ def score_generations(
 
     ``benchmarks`` maps names to problem sets (or registry names to their loaded problems). A
     generation naming an unknown benchmark or problem is an InputError that points at its line
-    in ``origin``.
+    in ``origin``. Code and IFEval sets need a ``SandboxedGrading`` around the grader.
     """
     sets = as_problem_sets(benchmarks)
     index = {name: {p.id: p for p in problem_set.problems} for name, problem_set in sets.items()}

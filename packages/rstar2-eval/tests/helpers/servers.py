@@ -21,11 +21,12 @@ SERVING_MODULES = ("fastapi", "uvicorn", "openai")
 
 
 @contextlib.contextmanager
-def stub_server(tokenizer: Path) -> Iterator[str]:
-    """``bench/stub_server.py`` (canned tool-calling turns, vLLM's token-id dialect); yields
-    its root URL. Every sample it gives a problem is the same."""
+def stub_server(tokenizer: Path, *options: str) -> Iterator[str]:
+    """``bench/stub_server.py`` (canned tool-calling turns, vLLM's token-id dialect; ``options``
+    such as ``--script FILE`` go to its command line); yields its root URL. Every sample it
+    gives a problem is the same."""
     server = subprocess.Popen(
-        [sys.executable, str(BENCH / "stub_server.py"), "--tokenizer", str(tokenizer)],
+        [sys.executable, str(BENCH / "stub_server.py"), "--tokenizer", str(tokenizer), *options],
         stdout=subprocess.PIPE,
         text=True,
     )
