@@ -35,6 +35,7 @@ from rstar2_scheduler.sim.rl_loop import (
     RLSimReport,
     TrainerModel,
     benchmark_arms,
+    check_steady_window,
     run_rl_benchmark,
 )
 from rstar2_scheduler.sim.workload import WorkloadConfig
@@ -504,13 +505,10 @@ def rl_bench(
         raise _rollouts_do_not_fit(
             error, "'--budget' / '--kv-tokens' / '--steps' / '--trainer-gpus'"
         ) from None
-    drained = [eta for eta in arms if steps - warmup_steps - eta < 1]
-    if drained:
-        raise typer.BadParameter(
-            f"must exceed --warmup-steps ({warmup_steps}) + max_staleness ({max(drained)}): "
-            "the last max_staleness steps drain and are not measured",
-            param_hint="'--steps'",
-        )
+    try:
+        check_steady_window(config, arms)
+    except ValueError as short:
+        raise typer.BadParameter(str(short), param_hint="'--steps'") from None
     console = command_console()
     with _progress("{task.description:>14}") as progress:
         tasks = {

@@ -258,7 +258,7 @@ def test_rl_bench_names_the_options_of_a_refused_run() -> None:
     assert "warmup_steps (2) must be below steps (2)" in result.output
     result = CliRunner().invoke(app, ["rl-bench", "--steps", "3", "--staleness", "2"])
     assert result.exit_code == 2
-    assert "must exceed --warmup-steps (1) + max_staleness (2)" in result.output
+    assert "'--steps': steps (3) must exceed warmup_steps (1) + max_staleness (2)" in result.output
     result = CliRunner().invoke(app, ["rl-bench", "--engines", "4", "--trainer-gpus", "4"])
     assert result.exit_code == 2
     assert "'--trainer-gpus'" in result.output

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from rstar2_scheduler.sim import LogNormal, SimEngineConfig, WorkloadConfig
-from rstar2_scheduler.sim.rl_loop import RLSimConfig, TrainerModel, simulate_rl
+from rstar2_scheduler.sim.rl_loop import RLSimConfig, TrainerModel, run_rl_benchmark, simulate_rl
 from rstar2_scheduler.sim.workload import Workload
 
 LOAD_S = 0.5
@@ -70,6 +70,8 @@ def test_bad_layouts_and_windows_are_refused() -> None:
     with pytest.raises(ValidationError, match=r"trainer_gpus \(4\) must leave engines"):
         config(trainer_gpus=4)
     with pytest.raises(ValueError, match=r"must exceed warmup_steps \(1\) \+ max_staleness \(4\)"):
-        simulate_rl(config(), 4)
+        run_rl_benchmark(config(), [0, 4])
+    # Outside a benchmark a short run still runs, its drain cut to keep one measured step.
+    assert [r.step for r in simulate_rl(config(steps=3), 4).measured] == [2]
     with pytest.raises(ValueError, match="equal-hardware runs need trainer_gpus"):
         config().layout("equal", 1)

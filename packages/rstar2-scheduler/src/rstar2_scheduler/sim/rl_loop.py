@@ -228,13 +228,8 @@ async def _simulate(
     on_step: Callable[[StepRecord], None] | None,
 ) -> RLSimRun:
     engines, trainer_gpus, gpus = config.layout(hardware, max_staleness)
-    drain = max_staleness
-    if config.steps - config.warmup_steps - drain < 1:
-        raise ValueError(
-            f"steps ({config.steps}) must exceed warmup_steps ({config.warmup_steps}) + "
-            f"max_staleness ({max_staleness}): the last max_staleness steps drain and are not "
-            "measured"
-        )
+    # A run too short for a steady state (allowed outside benchmarks) keeps one measured step.
+    drain = min(max_staleness, config.steps - config.warmup_steps - 1)
     engine_config = config.engine.model_copy(update={"output_tokens": config.workload.turn_tokens})
     sims = [SimEngine(engine_config, name=f"engine-{i}") for i in range(engines)]
     gate = TurnGate(sims)
@@ -375,6 +370,18 @@ def benchmark_arms(config: RLSimConfig, staleness: Sequence[int]) -> list[tuple[
     return [(hardware, eta) for hardware in layouts for eta in staleness]
 
 
+def check_steady_window(config: RLSimConfig, staleness: Sequence[int]) -> None:
+    """ValueError unless every max_staleness in ``staleness`` leaves a measured step between
+    the warm-up and the drain."""
+    short = [eta for eta in staleness if config.steps - config.warmup_steps - eta < 1]
+    if short:
+        raise ValueError(
+            f"steps ({config.steps}) must exceed warmup_steps ({config.warmup_steps}) + "
+            f"max_staleness ({max(short)}): the last max_staleness steps drain and are not "
+            "measured"
+        )
+
+
 def run_rl_benchmark(
     config: RLSimConfig,
     staleness: Sequence[int],
@@ -383,6 +390,7 @@ def run_rl_benchmark(
 ) -> RLSimReport:
     """``simulate_rl`` for every arm of ``benchmark_arms`` (max_staleness 0: the synchronous
     loop); ``on_step`` sees each step with its run's hardware and max_staleness."""
+    check_steady_window(config, staleness)
     runs = []
     for hardware, eta in benchmark_arms(config, staleness):
         callback = None if on_step is None else partial(on_step, hardware, eta)
