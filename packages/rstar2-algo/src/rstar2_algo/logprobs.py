@@ -61,23 +61,28 @@ def _check_chunk_size(chunk_size: int) -> int:
 
 
 def _check_ids(
-    ids: torch.Tensor, name: str, shape: tuple[int, ...], shape_of: str, other: torch.Tensor
+    ids: torch.Tensor,
+    name: str,
+    shape: tuple[int, ...],
+    shape_of: str,
+    other: torch.Tensor,
+    other_name: str,
 ) -> None:
     """``ids`` (called ``name``) are integers of ``shape`` (described as ``shape_of``) on the
-    device of ``other`` (described as the last word of ``shape_of``)."""
+    device of ``other`` (called ``other_name``)."""
     if tuple(ids.shape) != shape:
         raise ValueError(f"{name} shape {tuple(ids.shape)} must equal {shape_of}, {shape}")
     if ids.is_floating_point() or ids.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer tensor, got {ids.dtype}")
     if ids.device != other.device:
-        raise ValueError(f"{name} is on {ids.device} but {shape_of.split()[-1]} on {other.device}")
+        raise ValueError(f"{name} is on {ids.device} but {other_name} on {other.device}")
 
 
 def _check_token_ids(token_ids: torch.Tensor, scored: torch.Tensor, name: str) -> None:
     """``token_ids`` name one target per row of ``scored`` (its shape without the last dim):
     integers on ``scored``'s device."""
     shape_of = f"the shape without the last dim of {name}"
-    _check_ids(token_ids, "token_ids", tuple(scored.shape[:-1]), shape_of, scored)
+    _check_ids(token_ids, "token_ids", tuple(scored.shape[:-1]), shape_of, scored, name)
 
 
 def support_tensor(sets: Sequence[Sequence[int]], width: int | None = None) -> torch.Tensor:
@@ -100,7 +105,7 @@ def check_support(support: torch.Tensor, token_ids: torch.Tensor, vocab: int) ->
     must hold its own token, whose log-prob would otherwise be minus infinity."""
     width = support.shape[-1] if support.dim() else 0
     shape = (*token_ids.shape, width)
-    _check_ids(support, "support", shape, "[*shape, K] of token_ids", token_ids)
+    _check_ids(support, "support", shape, "[*shape, K] of token_ids", token_ids, "token_ids")
     support = support.to(torch.long)
     if support.numel() == 0:
         return support
