@@ -14,7 +14,7 @@ import importlib.resources
 import importlib.util
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rstar2_data.protocol import ANSWER_CLOSE, ANSWER_OPEN
 from rstar2_data.schemas import MathProblem
 from rstar2_eval.errors import InputError
-from rstar2_eval.loading import read_jsonl_objects
+from rstar2_eval.loading import RowError, collect_problems, read_jsonl_objects
 from rstar2_eval.registry import BenchmarkSpec
 
 CODE_EXTRA_HINT = (
@@ -65,15 +65,7 @@ class FunctionTests(BaseModel):
         return f"{head}\n\n{self.test}\n\ncheck({self.entry_point})\n"
 
 
-class RowError(ValueError):
-    """A benchmark row that cannot become a problem (``field``: the offending field)."""
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-def humaneval_problem(row: dict[str, Any], origin: str) -> MathProblem:
+def humaneval_problem(row: Mapping[str, Any], origin: str) -> MathProblem:
     """One HumanEval row as a problem; RowError names the bad field."""
     for name in ("task_id", "prompt", "test", "entry_point"):
         value = row.get(name)
@@ -145,25 +137,13 @@ def load_code_benchmark(spec: BenchmarkSpec, data_dir: Path | None) -> list[Math
         return load_stdio_benchmark(spec, data_dir)
     path = humaneval_file(spec, data_dir)
     rows = _gzip_objects(path) if path.suffix == ".gz" else read_jsonl_objects(path)
-    problems: list[MathProblem] = []
-    seen: dict[str, int] = {}
-    for line, row in rows:
-        try:
-            problem = humaneval_problem(row, str(path))
-        except RowError as error:
-            raise InputError(str(path), str(error), line=line, field=error.field) from None
-        if problem.id in seen:
-            raise InputError(
-                str(path),
-                f"duplicate task_id {problem.id!r} (first at line {seen[problem.id]})",
-                line=line,
-                field="task_id",
-            )
-        seen[problem.id] = line
-        problems.append(problem)
-    if not problems:
-        raise InputError(str(path), f"benchmark {spec.name} has no rows")
-    return problems
+    return collect_problems(
+        spec.name,
+        rows,
+        str(path),
+        lambda _position, _line, row: humaneval_problem(row, str(path)),
+        id_field="task_id",
+    )
 
 
 def _answer_block(response: str) -> str | None:

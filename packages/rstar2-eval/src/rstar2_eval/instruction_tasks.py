@@ -24,7 +24,7 @@ from rstar2_data.protocol import ANSWER_CLOSE, ANSWER_OPEN
 from rstar2_data.schemas import MathProblem
 from rstar2_eval.errors import InputError
 from rstar2_eval.grading import Grade, InstructionResults
-from rstar2_eval.loading import read_jsonl_objects
+from rstar2_eval.loading import RowError, collect_problems, read_jsonl_objects
 from rstar2_eval.registry import BenchmarkSpec
 
 IFEVAL_EXTRA_HINT = (
@@ -66,14 +66,6 @@ def known_instructions() -> frozenset[str]:
     _checkers()
     registry = importlib.import_module("lm_eval.tasks.ifeval.instructions_registry")
     return frozenset(registry.INSTRUCTION_DICT)
-
-
-class RowError(ValueError):
-    """A row that cannot become a problem (``field``: the offending field)."""
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 def ifeval_problem(
@@ -137,23 +129,16 @@ def load_instruction_benchmark(spec: BenchmarkSpec, data_dir: Path | None) -> li
     and field, and a missing checker package its extra."""
     known = known_instructions()
     origin, rows = _rows(spec, data_dir)
-    problems: list[MathProblem] = []
-    seen: set[str] = set()
     try:
-        for position, (line, row) in enumerate(rows):
-            try:
-                problem = ifeval_problem(row, origin, position, known)
-            except RowError as error:
-                raise InputError(origin, str(error), line=line, field=error.field) from None
-            if problem.id in seen:
-                raise InputError(origin, f"duplicate key {problem.id!r}", line=line, field="key")
-            seen.add(problem.id)
-            problems.append(problem)
-    except HubUnreachableError as error:
+        return collect_problems(
+            spec.name,
+            rows,
+            origin,
+            lambda position, _line, row: ifeval_problem(row, origin, position, known),
+            id_field="key",
+        )
+    except HubUnreachableError as error:  # rows from the hub are read lazily
         raise InputError(spec.name, str(error)) from None
-    if not problems:
-        raise InputError(origin, f"benchmark {spec.name} has no rows")
-    return problems
 
 
 def checked_text(response: str) -> str:

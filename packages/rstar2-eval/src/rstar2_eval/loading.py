@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import string
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -96,25 +96,64 @@ def problem_from_row(
         raise InputError(origin, str(error), line=line) from None
 
 
-def _collect(
-    spec: BenchmarkSpec, rows: Iterable[tuple[int | None, Mapping[str, Any]]], origin: str
+class RowError(ValueError):
+    """A benchmark row that cannot become a problem (``field``: the offending field)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+RowParser = Callable[[int, int | None, Mapping[str, Any]], MathProblem]
+"""``(position, line, row) -> problem``; raises RowError (or InputError) for a bad row."""
+
+
+def collect_problems(
+    name: str,
+    rows: Iterable[tuple[int | None, Mapping[str, Any]]],
+    origin: str,
+    parse: RowParser,
+    *,
+    id_field: str,
+    id_label: str | None = None,
 ) -> list[MathProblem]:
+    """Benchmark ``name``'s problems from ``rows`` (``(line, row)``, line None off a file):
+    InputError names the line and field of a bad row (a RowError from ``parse``), of a second
+    row with the same id (``id_field``, called ``id_label`` in the message), or that there were
+    no rows."""
     problems: list[MathProblem] = []
     seen: dict[str, int | None] = {}
     for position, (line, row) in enumerate(rows):
-        problem = problem_from_row(spec, row, position, origin, line)
+        try:
+            problem = parse(position, line, row)
+        except RowError as error:
+            raise InputError(origin, str(error), line=line, field=error.field) from None
         if problem.id in seen:
             first = seen[problem.id]
             raise InputError(
                 origin,
-                f"duplicate problem id {problem.id!r} (first at line {first})",
+                f"duplicate {id_label or id_field} {problem.id!r} (first at line {first})",
                 line=line,
-                field=spec.fields.id[0],
+                field=id_field,
             )
         seen[problem.id] = line
         problems.append(problem)
     if not problems:
-        raise InputError(origin, f"benchmark {spec.name} has no rows")
+        raise InputError(origin, f"benchmark {name} has no rows")
+    return problems
+
+
+def _collect(
+    spec: BenchmarkSpec, rows: Iterable[tuple[int | None, Mapping[str, Any]]], origin: str
+) -> list[MathProblem]:
+    problems = collect_problems(
+        spec.name,
+        rows,
+        origin,
+        lambda position, line, row: problem_from_row(spec, row, position, origin, line),
+        id_field=spec.fields.id[0],
+        id_label="problem id",
+    )
     if spec.expected_rows is not None and len(problems) != spec.expected_rows:
         logger.warning(
             "%s: %d rows, the full %s has %d", origin, len(problems), spec.title, spec.expected_rows

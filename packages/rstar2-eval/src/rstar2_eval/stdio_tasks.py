@@ -13,15 +13,15 @@ an error naming its line.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rstar2_data.schemas import MathProblem
-from rstar2_eval.code_tasks import RowError
 from rstar2_eval.errors import InputError
-from rstar2_eval.loading import read_jsonl_objects
+from rstar2_eval.loading import RowError, collect_problems, read_jsonl_objects
 from rstar2_eval.registry import BenchmarkSpec
 from rstar2_sandbox.models import MAX_STDIN_BYTES
 
@@ -57,7 +57,7 @@ def same_output(printed: str, expected: str) -> bool:
     ]
 
 
-def _cases(row: dict[str, Any], field: str) -> list[StdioCase]:
+def _cases(row: Mapping[str, Any], field: str) -> list[StdioCase]:
     raw = row.get(field)
     if raw is None:
         return []
@@ -87,7 +87,7 @@ def _cases(row: dict[str, Any], field: str) -> list[StdioCase]:
     return cases
 
 
-def stdio_problem(row: dict[str, Any], origin: str) -> MathProblem:
+def stdio_problem(row: Mapping[str, Any], origin: str) -> MathProblem:
     """One row as a problem; RowError names the bad field."""
     for name in ("question_id", "question_content"):
         value = row.get(name)
@@ -118,22 +118,10 @@ def load_stdio_benchmark(spec: BenchmarkSpec, data_dir: Path | None) -> list[Mat
             "(JSON Lines of question_id, question_content, public_test_cases, "
             "private_test_cases)",
         )
-    problems: list[MathProblem] = []
-    seen: dict[str, int] = {}
-    for line, row in read_jsonl_objects(path):
-        try:
-            problem = stdio_problem(row, str(path))
-        except RowError as error:
-            raise InputError(str(path), str(error), line=line, field=error.field) from None
-        if problem.id in seen:
-            raise InputError(
-                str(path),
-                f"duplicate question_id {problem.id!r} (first at line {seen[problem.id]})",
-                line=line,
-                field="question_id",
-            )
-        seen[problem.id] = line
-        problems.append(problem)
-    if not problems:
-        raise InputError(str(path), f"benchmark {spec.name} has no rows")
-    return problems
+    return collect_problems(
+        spec.name,
+        read_jsonl_objects(path),
+        str(path),
+        lambda _position, _line, row: stdio_problem(row, str(path)),
+        id_field="question_id",
+    )
