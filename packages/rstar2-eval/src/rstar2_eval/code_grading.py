@@ -17,7 +17,14 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from rstar2_eval.code_tasks import FunctionTests, extract_program
-from rstar2_eval.grading import AsyncGrader, Grade, Grader, GraderConfig, ProgressCallback
+from rstar2_eval.grading import (
+    AsyncGrader,
+    Grade,
+    Grader,
+    GraderConfig,
+    ProgressCallback,
+    answer_formats,
+)
 from rstar2_eval.instruction_tasks import grade_instructions
 from rstar2_eval.stdio_tasks import StdioTests, same_output
 from rstar2_eval.verification import AnswerFormat
@@ -171,11 +178,7 @@ class TaskGrader:
         answer_format: AnswerFormat | Sequence[AnswerFormat] = "math",
     ) -> list[Grade]:
         """One grade per response, in order."""
-        formats: list[AnswerFormat] = (
-            [answer_format] * len(responses)
-            if isinstance(answer_format, str)
-            else list(answer_format)
-        )
+        formats = answer_formats(answer_format, len(responses))
         routes: dict[str, list[int]] = {"code": [], "instructions": [], "math": []}
         for i, fmt in enumerate(formats):
             routes[fmt if fmt in ("code", "instructions") else "math"].append(i)
@@ -229,11 +232,7 @@ class SandboxedGrading:
         on_graded: ProgressCallback | None = None,
     ) -> list[Grade]:
         """One grade per response, in order; ``on_graded`` hears of all of them at the end."""
-        formats: list[AnswerFormat] = (
-            [answer_format] * len(responses)
-            if isinstance(answer_format, str)
-            else list(answer_format)
-        )
+        formats = answer_formats(answer_format, len(responses))
         grades = asyncio.run(self._agrade(responses, golds, formats))
         if on_graded is not None:
             on_graded(list(range(len(grades))))

@@ -133,12 +133,21 @@ class _Batcher:
     task: asyncio.Task[None] | None = None
 
 
-def _formats(
+def answer_formats(
     answer_format: AnswerFormat | Sequence[AnswerFormat], count: int
 ) -> list[AnswerFormat]:
+    """One answer format per item: ``answer_format`` for all, or the given one each."""
     formats = [answer_format] * count if isinstance(answer_format, str) else list(answer_format)
     if len(formats) != count:
         raise ValueError(f"got {len(formats)} answer formats for {count} items")
+    return formats
+
+
+def _formats(
+    answer_format: AnswerFormat | Sequence[AnswerFormat], count: int
+) -> list[AnswerFormat]:
+    """``answer_formats``, refusing those the math Grader does not grade."""
+    formats = answer_formats(answer_format, count)
     # Programs and instruction-following responses have no answer to compare: refuse them here
     # rather than grade their tests as a math gold.
     for other in ("code", "instructions"):
